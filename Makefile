@@ -1,0 +1,40 @@
+# Two entry points on a fresh machine with Python 3.11: `make demo` and `make test`.
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+TFF_VERSION := 0.87.0
+STAMP  := $(VENV)/.installed-$(shell cat requirements/lock.txt | cksum | cut -d' ' -f1)
+
+.PHONY: setup demo test test-fast bench clean
+
+setup: $(STAMP)
+
+# TFF 0.87.0 pins jaxlib==0.4.14, which the registry lacks: install its pinned dependency set
+# (with jaxlib 0.4.13, accepted by jax 0.4.14) from the lock, then TFF with --no-deps.
+$(STAMP): requirements/lock.txt setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip==23.3.2
+	$(PIP) install -q -r requirements/lock.txt
+	$(PIP) install -q --no-deps tensorflow-federated==$(TFF_VERSION)
+	$(PIP) install -q --no-deps -e .
+	$(PY) -c "import tensorflow_federated as tff; assert tff.__version__ == '$(TFF_VERSION)'"
+	touch $(STAMP)
+
+# Main job: DP-FedAvg with adaptive clipping on the embedded (generated, seeded) EMNIST cache.
+demo: setup
+	$(PY) run_experiment.py --task=emnist --experiment_name=demo --root_output_dir=runs
+
+test: setup
+	$(PY) -m pytest -q tests
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow" tests
+
+bench: setup
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,26 @@
+"""tff-dp: user-level differentially private federated learning on TensorFlow Federated.
+
+Dependencies are pinned in requirements/lock.txt and installed by `make setup`; TFF 0.87.0 itself
+must be installed with --no-deps (its jaxlib==0.4.14 pin is unavailable; see BUILD_NOTES.md), so
+it is deliberately not listed in install_requires.
+"""
+
+import setuptools
+
+setuptools.setup(
+    name='tff-dp',
+    version='0.1.0',
+    description='User-level DP federated learning on TFF: adaptive clipping, privacy ledger, '
+    'AdaDPS preconditioning, checkpoint aggregation.',
+    packages=setuptools.find_packages(include=['tff_dp', 'tff_dp.*', 'tasks', 'tasks.*']),
+    py_modules=['run_experiment'],
+    python_requires='>=3.11,<3.12',
+    install_requires=[
+        'absl-py==1.4.0',
+        'dp-accounting==0.4.3',
+        'tensorflow==2.14.1',
+        'tensorflow-privacy==0.9.0',
+        'matplotlib==3.8.4',
+        'numpy==1.25.2',
+    ],
+)

@@ -1,0 +1,106 @@
+"""Lifecycle of TFF's C++ execution context.
+
+TFF 0.87 starts a `worker_binary` subprocess on the first computation. It is only killed in
+`ServiceManager.__del__`, which is not reliably run at interpreter exit, and it inherits the
+parent's stdout, so a pipe reading our output (CI, `| tee`) never reaches EOF while it lives.
+We therefore kill our own worker children explicitly: at exit, on SIGTERM, and on demand
+(test fixtures). Children are found through /proc so this does not depend on TFF internals.
+"""
+
+import atexit
+import os
+import signal
+import time
+
+_WORKER_NAME = 'worker_binary'
+_installed = False
+
+
+def _children_of(pid: int) -> list[int]:
+  children = []
+  for entry in os.listdir('/proc'):
+    if not entry.isdigit():
+      continue
+    try:
+      with open(f'/proc/{entry}/stat') as f:
+        stat = f.read()
+    except OSError:
+      continue
+    # Field 4 (after the parenthesised command name, which may contain spaces) is the ppid.
+    ppid = int(stat.rsplit(')', 1)[1].split()[1])
+    if ppid == pid:
+      children.append(int(entry))
+  return children
+
+
+def _cmdline(pid: int) -> str:
+  try:
+    with open(f'/proc/{pid}/cmdline', 'rb') as f:
+      return f.read().replace(b'\0', b' ').decode(errors='replace')
+  except OSError:
+    return ''
+
+
+def worker_pids(parent_pid: int | None = None) -> list[int]:
+  """PIDs of live TFF worker binaries started by `parent_pid` (default: this process)."""
+  parent_pid = os.getpid() if parent_pid is None else parent_pid
+  pids = []
+  for pid in _children_of(parent_pid):
+    cmd = _cmdline(pid)
+    if cmd and os.path.basename(cmd.split(' ', 1)[0]) == _WORKER_NAME:
+      pids.append(pid)
+  return pids
+
+
+def _alive(pid: int) -> bool:
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      state = f.read().rsplit(')', 1)[1].split()[0]
+  except OSError:
+    return False
+  return state != 'Z'
+
+
+def shutdown_workers(timeout: float = 5.0) -> int:
+  """Stops every worker_binary child of this process; returns how many were stopped."""
+  pids = worker_pids()
+  for pid in pids:
+    try:
+      os.kill(pid, signal.SIGINT)
+    except ProcessLookupError:
+      pass
+  deadline = time.monotonic() + timeout
+  for pid in pids:
+    while _alive(pid) and time.monotonic() < deadline:
+      time.sleep(0.05)
+    if _alive(pid):
+      try:
+        os.kill(pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+    try:
+      os.waitpid(pid, 0)
+    except ChildProcessError:
+      pass  # Already reaped (by TFF's Popen) or not our child.
+  return len(pids)
+
+
+def _on_sigterm(signum, frame):
+  del frame
+  shutdown_workers()
+  # Re-raise as SystemExit so `finally` blocks (ledger/metrics flushes) and atexit still run.
+  raise SystemExit(128 + signum)
+
+
+def install_shutdown_hooks() -> None:
+  """Registers the at-exit and SIGTERM worker shutdown (idempotent)."""
+  global _installed
+  if _installed:
+    return
+  _installed = True
+  atexit.register(shutdown_workers)
+  if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+    try:
+      signal.signal(signal.SIGTERM, _on_sigterm)
+    except ValueError:
+      pass  # Not the main thread; atexit still covers normal exit.
