@@ -1,0 +1,36 @@
+"""EMNIST character recognition: TFF's loader, preprocessing and `cnn_dropout` CNN."""
+
+import os
+
+import tensorflow as tf
+import tensorflow_federated as tff
+from tensorflow_federated.python.simulation.baselines.emnist import emnist_models
+from tensorflow_federated.python.simulation.baselines.emnist import emnist_preprocessing
+
+from tasks import data_files
+from tasks.base import FederatedTask
+
+DB_NAME = 'emnist_all.sqlite'   # What tff.simulation.datasets.emnist.load_data reads.
+
+
+def build(data_dir: str, client_spec: tff.simulation.baselines.ClientSpec,
+          only_digits: bool = False) -> FederatedTask:
+  """EMNIST-62 (or -10 with only_digits) via `tff.simulation.datasets.emnist.load_data`."""
+  data_files.check_data_dir(data_dir)
+  splits = ('digits_only_train', 'digits_only_test') if only_digits else ('all_train',
+                                                                          'all_test')
+  data_files.check_sqlite_file(os.path.join(data_dir, DB_NAME), splits)
+  train, test = tff.simulation.datasets.emnist.load_data(
+      only_digits=only_digits, cache_dir=data_dir)
+  eval_spec = tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=100,
+                                                  shuffle_buffer_size=1)
+  return FederatedTask(
+      name='emnist',
+      train_data=train,
+      test_data=test,
+      preprocess_train=emnist_preprocessing.create_preprocess_fn(client_spec),
+      preprocess_eval=emnist_preprocessing.create_preprocess_fn(eval_spec),
+      keras_model_fn=lambda: emnist_models.create_conv_dropout_model(only_digits=only_digits),
+      loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(),
+      metrics_fn=lambda: [tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')],
+  )

@@ -1,0 +1,179 @@
+"""Tests for tff_dp.ledger: round trip, float casting, validation, corruption detection, repair."""
+
+import glob
+import json
+import os
+
+import numpy as np
+import pytest
+
+from tff_dp import errors
+from tff_dp import ledger
+
+
+def _record(round_num, clip=1.0, stddev=1.2):
+  return ledger.RoundRecord(
+      round_num, ledger.SamplingEvent('poisson', 1000, probability=0.01),
+      (ledger.GaussianSumQuery('update', clip, stddev),
+       ledger.GaussianSumQuery('clipped_count', 0.5, 0.25)))
+
+
+def _write(path, records):
+  with ledger.PrivacyLedger(path) as led:
+    for r in records:
+      led.append(r)
+
+
+def test_round_trip(tmp_path):
+  path = str(tmp_path / 'ledger.jsonl')
+  records = [_record(t, clip=0.1 * t) for t in range(1, 6)]
+  records.append(ledger.RoundRecord(
+      6, ledger.SamplingEvent('fixed_size', 50, sample_size=10),
+      (ledger.GaussianSumQuery('update/dense', 2.0, 3.0),)))
+  _write(path, records)
+  assert ledger.read_ledger(path) == records
+  with open(path, 'rb') as f:
+    lines = f.read().split(b'\n')
+  assert lines[-1] == b'' and len(lines) == 7
+  obj = json.loads(lines[0])
+  assert obj['schema_version'] == ledger.SCHEMA_VERSION and len(obj['sha256']) == 64
+
+
+def test_numpy_and_tf_like_values_are_stored_as_python_floats(tmp_path):
+  query = ledger.GaussianSumQuery('update', np.float32(0.1), np.float32(0.13))
+  assert type(query.l2_norm_clip) is float and type(query.noise_stddev) is float
+  assert query.l2_norm_clip == float(np.float32(0.1))
+  event = ledger.SamplingEvent('fixed_size', np.int64(100), sample_size=np.int32(7))
+  assert type(event.population_size) is int and type(event.sample_size) is int
+  record = ledger.RoundRecord(np.int64(3), event, [query])
+  assert isinstance(record.queries, tuple) and type(record.round_num) is int
+  path = str(tmp_path / 'ledger.jsonl')
+  _write(path, [record])
+  (read,) = ledger.read_ledger(path)
+  assert read == record and type(read.queries[0].noise_stddev) is float
+
+
+@pytest.mark.parametrize('clip, stddev', [
+    (float('nan'), 1.0), (1.0, float('inf')), (-1.0, 1.0), (1.0, np.float32(-0.5)),
+    (True, 1.0), ('1.0', 1.0), (None, 1.0)])
+def test_bad_query_values_rejected(clip, stddev):
+  with pytest.raises(ledger.LedgerError):
+    ledger.GaussianSumQuery('update', clip, stddev)
+
+
+def test_bad_sampling_rejected():
+  assert issubclass(ledger.LedgerError, errors.UserInputError)
+  for kwargs in [dict(kind='poisson', population_size=10, probability=0.0),
+                 dict(kind='poisson', population_size=10, probability=1.5),
+                 dict(kind='poisson', population_size=10),
+                 dict(kind='poisson', population_size=10, probability=0.1, sample_size=1),
+                 dict(kind='fixed_size', population_size=10, sample_size=11),
+                 dict(kind='fixed_size', population_size=10, sample_size=0),
+                 dict(kind='fixed_size', population_size=10, sample_size=2.0),
+                 dict(kind='uniform', population_size=10, sample_size=2),
+                 dict(kind='fixed_size', population_size=0, sample_size=0)]:
+    with pytest.raises(ledger.LedgerError):
+      ledger.SamplingEvent(**kwargs)
+
+
+def test_append_requires_round_record(tmp_path):
+  with ledger.PrivacyLedger(str(tmp_path / 'l.jsonl')) as led:
+    with pytest.raises(ledger.LedgerError):
+      led.append({'round_num': 1})
+
+
+def test_truncated_tail_detected_refused_and_repaired(tmp_path):
+  path = str(tmp_path / 'ledger.jsonl')
+  _write(path, [_record(t) for t in (1, 2, 3)])
+  with open(path, 'rb') as f:
+    data = f.read()
+  partial = data[:-20]  # Crash in the middle of writing line 3.
+  with open(path, 'wb') as f:
+    f.write(partial)
+  tail = partial[partial.rfind(b'\n') + 1:]
+  with pytest.raises(ledger.LedgerError, match=r'line 3.*truncated'):
+    ledger.read_ledger(path)
+  with pytest.raises(ledger.LedgerError, match=r'line 3 is a partial line'):
+    ledger.PrivacyLedger(path)
+  # Refusal changed nothing.
+  with open(path, 'rb') as f:
+    assert f.read() == partial
+  with ledger.PrivacyLedger(path, repair=True) as led:
+    assert led.num_records == 2
+    moved = glob.glob(path + '.corrupt-*')
+    assert moved == [led.repaired_to]
+    with open(moved[0], 'rb') as f:
+      assert f.read() == tail  # Never silently dropped.
+    led.append(_record(3))
+  assert [r.round_num for r in ledger.read_ledger(path)] == [1, 2, 3]
+  assert ledger.repair_truncated_tail(path) is None  # Nothing left to repair.
+
+
+def test_edited_line_detected_with_line_number(tmp_path):
+  path = str(tmp_path / 'ledger.jsonl')
+  _write(path, [_record(t) for t in (1, 2, 3)])
+  with open(path, 'rb') as f:
+    lines = f.read().split(b'\n')
+  assert b'"noise_stddev":1.2' in lines[1]
+  lines[1] = lines[1].replace(b'"noise_stddev":1.2', b'"noise_stddev":9.2')
+  with open(path, 'wb') as f:
+    f.write(b'\n'.join(lines))
+  with pytest.raises(ledger.LedgerError, match=r'line 2: checksum mismatch'):
+    ledger.read_ledger(path)
+  with pytest.raises(ledger.LedgerError, match=r'line 2'):
+    ledger.PrivacyLedger(path)  # Never appends to a corrupt ledger.
+
+
+def _line_with_valid_checksum(record_json, version=ledger.SCHEMA_VERSION):
+  body = {'record': record_json, 'schema_version': version}
+  digest = ledger.hashlib.sha256(ledger._canonical(body).encode()).hexdigest()
+  return (ledger._canonical(dict(body, sha256=digest)) + '\n').encode()
+
+
+@pytest.mark.parametrize('mutate, message', [
+    (lambda r: r.pop('queries'), 'keys'),
+    (lambda r: r['queries'][0].update(noise_stddev=-1.0), 'non-negative'),
+    (lambda r: r['queries'][0].update(l2_norm_clip='1'), 'JSON number'),
+    (lambda r: r.update(round_num=1.0), 'JSON integer'),
+    (lambda r: r['sampling'].update(probability=2.0), r'\(0, 1\]'),
+])
+def test_schema_invalid_line_detected(tmp_path, mutate, message):
+  path = str(tmp_path / 'ledger.jsonl')
+  _write(path, [_record(1)])
+  bad = _record(2).to_json()
+  mutate(bad)
+  with open(path, 'ab') as f:
+    f.write(_line_with_valid_checksum(bad))
+  with pytest.raises(ledger.LedgerError, match=r'line 2: .*' + message):
+    ledger.read_ledger(path)
+
+
+def test_wrong_schema_version_and_blank_line(tmp_path):
+  path = str(tmp_path / 'ledger.jsonl')
+  _write(path, [_record(1)])
+  with open(path, 'ab') as f:
+    f.write(_line_with_valid_checksum(_record(2).to_json(), version=99))
+  with pytest.raises(ledger.LedgerError, match=r'line 2: unsupported schema_version'):
+    ledger.read_ledger(path)
+  path2 = str(tmp_path / 'ledger2.jsonl')
+  _write(path2, [_record(1)])
+  with open(path2, 'ab') as f:
+    f.write(b'\n')
+  with pytest.raises(ledger.LedgerError, match=r'line 2: not valid JSON'):
+    ledger.read_ledger(path2)
+
+
+def test_missing_ledger_is_a_user_error(tmp_path):
+  with pytest.raises(errors.UserInputError, match='does not exist'):
+    ledger.read_ledger(str(tmp_path / 'nope.jsonl'))
+
+
+def test_reopen_appends(tmp_path):
+  path = str(tmp_path / 'ledger.jsonl')
+  _write(path, [_record(1), _record(2)])
+  with ledger.PrivacyLedger(path) as led:
+    assert led.num_records == 2
+    led.append(_record(3))
+    assert led.num_records == 3
+  assert len(ledger.read_ledger(path)) == 3
+  assert os.path.getsize(path) > 0

@@ -1,0 +1,170 @@
+"""Noise calibration: the effective noise multiplier z meeting (epsilon, delta) over T rounds.
+
+z is the noise multiplier of the single Gaussian that is equivalent (Eq. (1) of McMahan &
+Andrew 2018) to all queries of a round; it is what TFF's `gaussian_adaptive` /
+`gaussian_fixed` take as `noise_multiplier`. With adaptive clipping the clipped-count query
+(records in {-0.5, +0.5}, so sensitivity 0.5, noise stddev sigma_b, i.e. noise multiplier
+2 sigma_b) spends part of the budget, so the update query gets the larger multiplier
+
+    z_v = (z^-2 - (2 sigma_b)^-2)^-1/2
+
+(TFF `differential_privacy.adaptive_clip_noise_params`), which needs z < 2 sigma_b.
+The search is dp_accounting's `calibrate_dp_mechanism` (Brent's method) on an explicit
+bracket we find first, on the same per-round event the ledger accountant composes.
+"""
+
+import dataclasses
+import math
+from typing import Optional
+
+import dp_accounting
+
+from tff_dp import errors
+from tff_dp import ledger
+from tff_dp.accounting import accountant
+
+_Z_MIN, _Z_MAX = 1e-3, 1e3  # Outside this range the setting is useless in practice.
+
+
+def update_noise_multiplier(noise_multiplier: float,
+                            clipped_count_stddev: Optional[float]) -> float:
+  """TFF's value (update) noise multiplier given the effective z and sigma_b (None: z)."""
+  z = float(noise_multiplier)
+  if clipped_count_stddev is None:
+    return z
+  sigma_b = float(clipped_count_stddev)
+  if not sigma_b > 0 or not math.isfinite(sigma_b):
+    raise errors.UserInputError(
+        f'clipped_count_stddev must be a positive number, got {clipped_count_stddev!r}.')
+  if z >= 2 * sigma_b:
+    raise errors.UserInputError(
+        f'The effective noise multiplier {z:.4g} needs clipped_count_stddev > {z / 2:.4g} '
+        f'(got {sigma_b:.4g}): the clipped-count query alone would exceed the budget. '
+        'Increase clipped_count_stddev (TFF default 0.05 * clients_per_round), i.e. more '
+        'clients per round, or relax the privacy target.')
+  return (z**-2 - (2 * sigma_b)**-2)**-0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibrationResult:
+  """Calibrated noise: effective z, update-query z_v, and the epsilon z actually achieves."""
+  noise_multiplier: float
+  update_noise_multiplier: float
+  clipped_count_stddev: Optional[float]
+  epsilon: float
+  delta: float
+  rounds: int
+  sampling: ledger.SamplingEvent
+  method: str
+  neighboring_relation: str
+
+
+def _sampling_event(sampling_probability, population_size, clients_per_round,
+                    sampling) -> ledger.SamplingEvent:
+  try:
+    if sampling == 'poisson':
+      if sampling_probability is None:
+        if population_size is None or clients_per_round is None:
+          raise errors.UserInputError(
+              'Give sampling_probability, or population_size and clients_per_round.')
+        if clients_per_round > population_size:
+          raise errors.UserInputError(
+              f'clients_per_round ({clients_per_round}) exceeds population_size '
+              f'({population_size}).')
+        sampling_probability = float(clients_per_round) / float(population_size)
+      return ledger.SamplingEvent('poisson', population_size or 1,
+                                  probability=sampling_probability)
+    if sampling == 'fixed_size':
+      if population_size is None or clients_per_round is None:
+        raise errors.UserInputError(
+            'fixed_size sampling needs population_size and clients_per_round.')
+      return ledger.SamplingEvent('fixed_size', population_size,
+                                  sample_size=clients_per_round)
+  except ledger.LedgerError as e:
+    raise errors.UserInputError(str(e)) from None
+  raise errors.UserInputError(f"sampling must be 'poisson' or 'fixed_size', got {sampling!r}.")
+
+
+def calibrate_noise_multiplier(
+    target_epsilon: float, delta: float, rounds: int, *,
+    sampling_probability: Optional[float] = None,
+    population_size: Optional[int] = None,
+    clients_per_round: Optional[int] = None,
+    clipped_count_stddev: Optional[float] = None,
+    sampling: str = 'poisson',
+    neighboring_relation: str = 'add_remove',
+    method: str = 'rdp',
+    tol: float = 1e-5) -> CalibrationResult:
+  """Smallest effective noise multiplier z (within tol) with epsilon(z) <= target_epsilon.
+
+  Give `sampling_probability` q, or `population_size` N and `clients_per_round` m (q = m/N).
+  `clipped_count_stddev` (sigma_b, adaptive clipping) only changes the reported update
+  multiplier, never z: the round's accounting depends only on z (Eq. (1)).
+  Raises UserInputError for impossible settings.
+  """
+  try:
+    target_epsilon = float(target_epsilon)
+  except (TypeError, ValueError):
+    raise errors.UserInputError(f'target_epsilon must be a number, got {target_epsilon!r}.')
+  if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
+    raise errors.UserInputError(f'target_epsilon must be positive and finite, got '
+                                f'{target_epsilon}.')
+  delta = accountant.check_delta(delta)
+  if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+    raise errors.UserInputError(f'rounds must be a positive integer, got {rounds!r}.')
+  if method not in accountant.METHODS:
+    raise errors.UserInputError(f'method must be one of {accountant.METHODS}, got {method!r}.')
+  relation = accountant.check_relation(neighboring_relation)
+  if neighboring_relation == 'replace_one' and sampling != 'fixed_size':
+    raise errors.UserInputError(
+        "neighboring_relation 'replace_one' is analysed for fixed_size sampling only (Poisson "
+        "sampling is accounted under add_remove); use sampling='fixed_size' / --sampling "
+        'fixed_size.')
+  event = _sampling_event(sampling_probability, population_size, clients_per_round, sampling)
+
+  def make_event(z: float) -> dp_accounting.DpEvent:
+    # One round with a single query of clip 1 and stddev z, mapped exactly as the ledger
+    # accountant maps real rounds (no rounding of z here).
+    record = ledger.RoundRecord(0, event, (ledger.GaussianSumQuery('z', 1.0, float(z)),))
+    per_round = accountant.collapsed_dp_event(record, neighboring_relation, None)
+    return dp_accounting.SelfComposedDpEvent(per_round, rounds)
+
+  def make_accountant():
+    if method == 'rdp':
+      return dp_accounting.rdp.RdpAccountant(neighboring_relation=relation)
+    return dp_accounting.pld.PLDAccountant(neighboring_relation=relation)
+
+  probe = make_accountant()
+  if not probe.supports(make_event(1.0)):
+    raise errors.UserInputError(
+        f'{method} cannot analyse {sampling} sampling under {neighboring_relation}.')
+
+  def eps(z: float) -> float:
+    return make_accountant().compose(make_event(z)).get_epsilon(delta)
+
+  # Explicit bracket [lo, hi] with eps(lo) > target >= eps(hi) (epsilon decreases in z).
+  lo, hi = 0.5, 1.0
+  while eps(hi) > target_epsilon:
+    lo, hi = hi, hi * 2
+    if hi > _Z_MAX:
+      raise errors.UserInputError(
+          f'target_epsilon={target_epsilon} is unreachable with noise multiplier <= '
+          f'{_Z_MAX:g} for {rounds} rounds at this sampling rate; relax the target, run '
+          'fewer rounds or sample fewer clients per round.')
+  while eps(lo) <= target_epsilon:
+    lo, hi = lo / 2, lo
+    if lo < _Z_MIN:
+      raise errors.UserInputError(
+          f'target_epsilon={target_epsilon} is reached with almost no noise (z < {_Z_MIN:g}); '
+          'the target is too loose to calibrate meaningfully.')
+  z = dp_accounting.calibrate_dp_mechanism(
+      make_accountant, make_event, target_epsilon, delta,
+      bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi), tol=tol)
+  z = float(z)
+  return CalibrationResult(
+      noise_multiplier=z,
+      update_noise_multiplier=update_noise_multiplier(z, clipped_count_stddev),
+      clipped_count_stddev=(None if clipped_count_stddev is None
+                            else float(clipped_count_stddev)),
+      epsilon=float(eps(z)), delta=delta, rounds=rounds, sampling=event, method=method,
+      neighboring_relation=neighboring_relation)

@@ -1,0 +1,55 @@
+"""DP aggregation factories (genuine `tff.aggregators.UnweightedAggregationFactory`s).
+
+Every factory reports `privacy_queries` (docs/ARCHITECTURE.md, Contract 1) in its measurements.
+"""
+
+from typing import Optional
+
+from tff_dp.aggregators.adaptive import AdaptiveClipGaussianFactory
+from tff_dp.aggregators.fixed import FixedClipGaussianFactory
+from tff_dp.aggregators.fixed import ReportingDPFactory
+from tff_dp.aggregators.joint import JointClipFactory
+from tff_dp.aggregators.per_layer import PerLayerAdaptiveClipFactory
+from tff_dp.aggregators.privacy_queries import MEASUREMENT_KEY
+from tff_dp.aggregators.privacy_queries import find_privacy_queries
+from tff_dp.errors import UserInputError
+
+DP_KINDS = ('fixed', 'adaptive', 'per_layer_adaptive', 'joint')
+
+
+def build_dp_aggregator(kind: str, *, noise_multiplier: float, clients_per_round: float,
+                        clip: float, target_unclipped_quantile: float = 0.5,
+                        clip_learning_rate: float = 0.2, update_rule: str = 'geometric',
+                        clipped_count_stddev: Optional[float] = None,
+                        noise_allocation: str = 'proportional', **kwargs):
+  """The factory for `kind` (`clip` is the initial clip, or initial scale alpha for joint).
+
+  Extra keyword arguments go to the per_layer_adaptive (`groups`) and joint (`groups`,
+  `joint_clip`, `adaptive_scales`) factories; anything else is a UserInputError.
+  """
+  if kind not in DP_KINDS:
+    raise UserInputError(f'unknown DP aggregation {kind!r}; choose one of {", ".join(DP_KINDS)}')
+  if noise_allocation not in ('proportional', 'dimensionality'):
+    raise UserInputError(f'noise_allocation must be proportional or dimensionality, got '
+                         f'{noise_allocation!r}')
+  if kind in ('fixed', 'adaptive') and kwargs:
+    raise UserInputError(f'--dp={kind} does not take {", ".join(sorted(kwargs))} (only '
+                         'per_layer_adaptive / joint do)')
+  if kind == 'fixed':
+    return FixedClipGaussianFactory(clip=clip, noise_multiplier=noise_multiplier,
+                                    clients_per_round=clients_per_round)
+  if kind == 'adaptive':
+    return AdaptiveClipGaussianFactory(
+        noise_multiplier=noise_multiplier, clients_per_round=clients_per_round,
+        initial_clip=clip, target_unclipped_quantile=target_unclipped_quantile,
+        clip_learning_rate=clip_learning_rate, update_rule=update_rule,
+        clipped_count_stddev=clipped_count_stddev)
+  if kind in ('per_layer_adaptive', 'joint'):
+    from tff_dp.aggregators import per_layer  # pylint: disable=g-import-not-at-top
+    return per_layer.build(kind, noise_multiplier=noise_multiplier,
+                           clients_per_round=clients_per_round, clip=clip,
+                           target_unclipped_quantile=target_unclipped_quantile,
+                           clip_learning_rate=clip_learning_rate, update_rule=update_rule,
+                           clipped_count_stddev=clipped_count_stddev,
+                           noise_allocation=noise_allocation, **kwargs)
+  raise UserInputError(f'unknown DP aggregation {kind!r}; choose one of {", ".join(DP_KINDS)}')

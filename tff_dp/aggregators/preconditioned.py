@@ -1,0 +1,81 @@
+"""AdaDPS server-side variant: scale each client update before the inner (DP) aggregator.
+
+`PreconditionedFactory(scales, inner_factory, unscale=False)` multiplies every client's model
+update by fixed, non-sensitive per-coordinate scales (at the clients, before clipping/noise), runs
+the inner factory, and optionally divides the aggregate by the scales afterwards (post-processing,
+privacy-free). The inner factory clips the *scaled* update, so its sensitivity and noise, hence
+the privacy accounting, are exactly those it reports. The state is the inner state unchanged and
+the inner measurements are passed through under the key `preconditioned`, so the
+`privacy_queries` measurement (and `extract_dp_event_from_state`) still work. TFF has no
+per-coordinate scaling aggregator, hence this wrapper.
+"""
+
+import collections
+from typing import Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_dp.adadps import preconditioner as precond_lib
+
+MEASUREMENT_KEY = 'preconditioned'
+
+
+class PreconditionedFactory(tff.aggregators.UnweightedAggregationFactory):
+  """Scales client values by `scales` before `inner_factory` (and divides after if `unscale`)."""
+
+  def __init__(self, scales: Sequence[np.ndarray],
+               inner_factory: Optional[tff.aggregators.UnweightedAggregationFactory] = None,
+               unscale: bool = False):
+    if inner_factory is None:
+      inner_factory = tff.aggregators.UnweightedMeanFactory()
+    if not isinstance(inner_factory, tff.aggregators.UnweightedAggregationFactory):
+      raise TypeError('inner_factory must be an UnweightedAggregationFactory, got '
+                      f'{type(inner_factory)}')
+    self._scales = [np.asarray(s, np.float32) for s in scales]
+    self._inner = inner_factory
+    self._unscale = bool(unscale)
+
+  def create(self, value_type) -> tff.templates.AggregationProcess:
+    flat_types = tff.structure.flatten(value_type)
+    shapes = [tuple(t.shape) for t in flat_types]
+    for i, t in enumerate(flat_types):
+      if not (isinstance(t, tff.TensorType) and np.issubdtype(t.dtype, np.floating)):
+        raise TypeError(f'PreconditionedFactory needs float tensors; leaf {i} is {t}')
+    scales = precond_lib.validate_scales(self._scales, shapes, require_positive=self._unscale)
+    inner_process = self._inner.create(value_type)
+
+    def _map(value, fn):
+      flat = tf.nest.flatten(value)
+      out = [v if precond_lib.is_identity(s) else fn(v, tf.constant(s, v.dtype))
+             for v, s in zip(flat, scales)]
+      return tf.nest.pack_sequence_as(value, out)
+
+    @tff.tensorflow.computation(value_type)
+    def scale_fn(value):
+      return _map(value, lambda v, s: v * s)
+
+    @tff.tensorflow.computation(inner_process.next.type_signature.result.result.member)
+    def unscale_fn(value):
+      return _map(value, lambda v, s: v / s)
+
+    @tff.federated_computation()
+    def init_fn():
+      return inner_process.initialize()
+
+    @tff.federated_computation(init_fn.type_signature.result,
+                               tff.FederatedType(value_type, tff.CLIENTS))
+    def next_fn(state, value):
+      scaled = tff.federated_map(scale_fn, value)
+      inner_output = inner_process.next(state, scaled)
+      result = inner_output.result
+      if self._unscale:
+        result = tff.federated_map(unscale_fn, result)
+      measurements = tff.federated_zip(
+          collections.OrderedDict([(MEASUREMENT_KEY, inner_output.measurements)]))
+      return tff.templates.MeasuredProcessOutput(
+          state=inner_output.state, result=result, measurements=measurements)
+
+    return tff.templates.AggregationProcess(init_fn, next_fn)
+

@@ -1,0 +1,405 @@
+"""Append-only JSONL privacy ledger (McMahan & Andrew 2018, section 5).
+
+Each round appends one line recording the sampling event and every Gaussian sum query
+(privacy tuple (S_g, sigma_g)) actually executed that round. The accountant
+(`tff_dp.accounting`) processes the ledger post hoc, so bugs in hyperparameter code cannot
+change the reported epsilon.
+
+Line format (one JSON object per line, keys sorted, no spaces):
+
+  {"record": {...}, "schema_version": 1, "sha256": "<hex>"}
+
+where `sha256` is the SHA-256 of the canonical JSON of `{"record": ..., "schema_version": 1}`.
+Each line is written with a single `os.write` on an O_APPEND descriptor followed by `fsync`,
+so a crash can at worst leave one partial last line (no trailing newline). Readers never skip
+anything: a partial, edited or schema-invalid line raises `LedgerError` naming its line number.
+"""
+
+import dataclasses
+import datetime
+import hashlib
+import json
+import math
+import operator
+import os
+from typing import Any, List, Optional, Sequence, Tuple
+
+from tff_dp import errors
+
+SCHEMA_VERSION = 1
+SAMPLING_KINDS = ('poisson', 'fixed_size')
+
+
+class LedgerError(errors.UserInputError):
+  """The ledger file or a record is invalid (truncated, edited, bad schema or bad value)."""
+
+
+def _as_float(value: Any, what: str, allow_zero: bool = True) -> float:
+  """Casts numpy/TF/Python scalars to a finite non-negative Python float.
+
+  dp_accounting only treats Python `float` as a number (np.float32 is silently mishandled
+  when composing Gaussians), so every stored value is a plain float.
+  """
+  if isinstance(value, (bool, str, bytes)):
+    raise LedgerError(f'{what} must be a number, got {type(value).__name__} {value!r}.')
+  if hasattr(value, 'numpy'):  # Eager TF tensor.
+    value = value.numpy()
+  try:
+    result = float(value)
+  except (TypeError, ValueError):
+    raise LedgerError(f'{what} must be a number, got {type(value).__name__} {value!r}.')
+  if not math.isfinite(result):
+    raise LedgerError(f'{what} must be finite, got {result!r}.')
+  if result < 0 or (not allow_zero and result == 0):
+    bound = 'positive' if not allow_zero else 'non-negative'
+    raise LedgerError(f'{what} must be {bound}, got {result!r}.')
+  return result
+
+
+def _as_int(value: Any, what: str, minimum: int) -> int:
+  """Casts numpy/Python integers to a Python int >= minimum (bools and floats rejected)."""
+  if isinstance(value, bool):
+    raise LedgerError(f'{what} must be an integer, got bool {value!r}.')
+  if hasattr(value, 'numpy'):
+    value = value.numpy()
+  try:
+    result = operator.index(value)
+  except TypeError:
+    raise LedgerError(f'{what} must be an integer, got {type(value).__name__} {value!r}.')
+  if result < minimum:
+    raise LedgerError(f'{what} must be >= {minimum}, got {result}.')
+  return int(result)
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingEvent:
+  """How this round's records (clients) were selected from the population.
+
+  kind='poisson': each of `population_size` clients independently with `probability`
+  (`sample_size` must be None). kind='fixed_size': a uniformly random subset of exactly
+  `sample_size` clients without replacement (`probability` must be None).
+  """
+  kind: str
+  population_size: int
+  probability: Optional[float] = None
+  sample_size: Optional[int] = None
+
+  def __post_init__(self):
+    if self.kind not in SAMPLING_KINDS:
+      raise LedgerError(f'SamplingEvent.kind must be one of {SAMPLING_KINDS}, got {self.kind!r}.')
+    n = _as_int(self.population_size, 'SamplingEvent.population_size', 1)
+    object.__setattr__(self, 'population_size', n)
+    if self.kind == 'poisson':
+      if self.probability is None or self.sample_size is not None:
+        raise LedgerError('A poisson SamplingEvent needs probability and no sample_size.')
+      q = _as_float(self.probability, 'SamplingEvent.probability', allow_zero=False)
+      if q > 1:
+        raise LedgerError(f'SamplingEvent.probability must be in (0, 1], got {q!r}.')
+      object.__setattr__(self, 'probability', q)
+    else:
+      if self.sample_size is None or self.probability is not None:
+        raise LedgerError('A fixed_size SamplingEvent needs sample_size and no probability.')
+      m = _as_int(self.sample_size, 'SamplingEvent.sample_size', 1)
+      if m > n:
+        raise LedgerError(
+            f'SamplingEvent.sample_size ({m}) exceeds population_size ({n}).')
+      object.__setattr__(self, 'sample_size', m)
+
+  def to_json(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class GaussianSumQuery:
+  """Privacy tuple of one Gaussian sum query run this round.
+
+  `l2_norm_clip` is the L2 bound S_g on each record's contribution, `noise_stddev` the stddev
+  sigma_g of the noise added to the sum (before normalisation by clients per round).
+  """
+  name: str
+  l2_norm_clip: float
+  noise_stddev: float
+
+  def __post_init__(self):
+    if not isinstance(self.name, str) or not self.name:
+      raise LedgerError(f'GaussianSumQuery.name must be a non-empty str, got {self.name!r}.')
+    object.__setattr__(self, 'l2_norm_clip',
+                       _as_float(self.l2_norm_clip, f'query {self.name!r} l2_norm_clip'))
+    object.__setattr__(self, 'noise_stddev',
+                       _as_float(self.noise_stddev, f'query {self.name!r} noise_stddev'))
+
+  def to_json(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundRecord:
+  """One sampling event plus the Gaussian sum queries run on that sample."""
+  round_num: int
+  sampling: SamplingEvent
+  queries: Tuple[GaussianSumQuery, ...]
+
+  def __post_init__(self):
+    object.__setattr__(self, 'round_num', _as_int(self.round_num, 'RoundRecord.round_num', 0))
+    if not isinstance(self.sampling, SamplingEvent):
+      raise LedgerError(f'RoundRecord.sampling must be a SamplingEvent, got {self.sampling!r}.')
+    queries = tuple(self.queries)
+    for q in queries:
+      if not isinstance(q, GaussianSumQuery):
+        raise LedgerError(f'RoundRecord.queries must hold GaussianSumQuery, got {q!r}.')
+    object.__setattr__(self, 'queries', queries)
+
+  def to_json(self) -> dict:
+    return {
+        'round_num': self.round_num,
+        'sampling': self.sampling.to_json(),
+        'queries': [q.to_json() for q in self.queries],
+    }
+
+  @classmethod
+  def from_json(cls, obj: Any) -> 'RoundRecord':
+    """Strict inverse of `to_json`: exact key sets, JSON types, then value validation."""
+    _check_keys(obj, {'round_num', 'sampling', 'queries'}, 'record')
+    s = obj['sampling']
+    _check_keys(s, {'kind', 'population_size', 'probability', 'sample_size'}, 'sampling')
+    if not isinstance(obj['queries'], list):
+      raise LedgerError('record.queries must be a list.')
+    for name, v in (('round_num', obj['round_num']),
+                    ('population_size', s['population_size'])):
+      if not isinstance(v, int) or isinstance(v, bool):
+        raise LedgerError(f'{name} must be a JSON integer, got {v!r}.')
+    if s['sample_size'] is not None and (
+        not isinstance(s['sample_size'], int) or isinstance(s['sample_size'], bool)):
+      raise LedgerError(f'sample_size must be a JSON integer or null, got {s["sample_size"]!r}.')
+    if s['probability'] is not None:
+      _check_json_number(s['probability'], 'probability')
+    queries = []
+    for q in obj['queries']:
+      _check_keys(q, {'name', 'l2_norm_clip', 'noise_stddev'}, 'query')
+      _check_json_number(q['l2_norm_clip'], 'l2_norm_clip')
+      _check_json_number(q['noise_stddev'], 'noise_stddev')
+      queries.append(GaussianSumQuery(q['name'], q['l2_norm_clip'], q['noise_stddev']))
+    return cls(obj['round_num'], SamplingEvent(**s), tuple(queries))
+
+
+def _check_keys(obj: Any, keys: set, what: str) -> None:
+  if not isinstance(obj, dict):
+    raise LedgerError(f'{what} must be a JSON object, got {type(obj).__name__}.')
+  if set(obj) != keys:
+    raise LedgerError(f'{what} has keys {sorted(obj)}, expected {sorted(keys)}.')
+
+
+def _check_json_number(v: Any, what: str) -> None:
+  if isinstance(v, bool) or not isinstance(v, (int, float)):
+    raise LedgerError(f'{what} must be a JSON number, got {v!r}.')
+
+
+def _canonical(obj: Any) -> str:
+  return json.dumps(obj, sort_keys=True, separators=(',', ':'), allow_nan=False,
+                    ensure_ascii=True)
+
+
+def encode_record(record: RoundRecord) -> bytes:
+  """Returns the self-validating ledger line (with trailing newline) for `record`."""
+  body = {'record': record.to_json(), 'schema_version': SCHEMA_VERSION}
+  digest = hashlib.sha256(_canonical(body).encode('utf-8')).hexdigest()
+  return (_canonical(dict(body, sha256=digest)) + '\n').encode('utf-8')
+
+
+def decode_line(line: bytes, line_num: int, path: str = '<ledger>') -> RoundRecord:
+  """Parses and verifies one complete ledger line; raises LedgerError naming the line."""
+  where = f'{path} line {line_num}'
+  try:
+    obj = json.loads(line.decode('utf-8'))
+  except (UnicodeDecodeError, ValueError) as e:
+    raise LedgerError(f'{where}: not valid JSON ({e}); the ledger is corrupt.') from None
+  if not isinstance(obj, dict) or set(obj) != {'record', 'schema_version', 'sha256'}:
+    raise LedgerError(f'{where}: not a ledger line (expected keys record, schema_version, '
+                      'sha256).')
+  if obj['schema_version'] != SCHEMA_VERSION:
+    raise LedgerError(f'{where}: unsupported schema_version {obj["schema_version"]!r} '
+                      f'(this version reads {SCHEMA_VERSION}).')
+  body = {'record': obj['record'], 'schema_version': obj['schema_version']}
+  try:
+    digest = hashlib.sha256(_canonical(body).encode('utf-8')).hexdigest()
+  except ValueError as e:  # NaN/Infinity literals.
+    raise LedgerError(f'{where}: invalid value ({e}).') from None
+  if digest != obj['sha256']:
+    raise LedgerError(f'{where}: checksum mismatch; the line was edited or corrupted.')
+  try:
+    return RoundRecord.from_json(obj['record'])
+  except LedgerError as e:
+    raise LedgerError(f'{where}: {e}') from None
+
+
+def _split_complete_lines(data: bytes) -> Tuple[List[bytes], bytes]:
+  """Splits file content into complete lines (without newline) and a partial tail."""
+  last_nl = data.rfind(b'\n')
+  complete, tail = data[:last_nl + 1], data[last_nl + 1:]
+  return complete.split(b'\n')[:-1], tail
+
+
+def read_ledger(path: str) -> List[RoundRecord]:
+  """Reads every record of the ledger at `path`, in file order.
+
+  Raises LedgerError naming the 1-based line number of the first truncated (no trailing
+  newline), edited (checksum mismatch), empty or schema-invalid line. Nothing is skipped.
+  """
+  try:
+    with open(path, 'rb') as f:
+      data = f.read()
+  except FileNotFoundError:
+    raise LedgerError(f'Ledger file {path} does not exist.') from None
+  lines, tail = _split_complete_lines(data)
+  records = [decode_line(line, i + 1, path) for i, line in enumerate(lines)]
+  if tail:
+    raise LedgerError(
+        f'{path} line {len(lines) + 1}: truncated line ({len(tail)} bytes, no trailing '
+        'newline), probably a crash mid-write; see tff_dp.ledger.repair_truncated_tail.')
+  return records
+
+
+def repair_truncated_tail(path: str) -> Optional[str]:
+  """Moves a partial last line to `<path>.corrupt-<UTC timestamp>` and truncates `path`.
+
+  Returns the path of the file holding the removed bytes, or None if the ledger ends with a
+  newline (nothing to repair). The partial bytes are written and fsynced before the ledger
+  is truncated, so nothing is ever lost. The round whose line was partial was not completed
+  (the loop releases outputs only after a durable append) and will be re-executed and
+  appended again on resume.
+  """
+  with open(path, 'rb') as f:
+    data = f.read()
+  _, tail = _split_complete_lines(data)
+  if not tail:
+    return None
+  stamp = datetime.datetime.now(datetime.timezone.utc).strftime('%Y%m%dT%H%M%S.%fZ')
+  corrupt_path = f'{path}.corrupt-{stamp}'
+  suffix = 0
+  while os.path.exists(corrupt_path):
+    suffix += 1
+    corrupt_path = f'{path}.corrupt-{stamp}-{suffix}'
+  with open(corrupt_path, 'xb') as f:
+    f.write(tail)
+    f.flush()
+    os.fsync(f.fileno())
+  with open(path, 'r+b') as f:
+    f.truncate(len(data) - len(tail))
+    f.flush()
+    os.fsync(f.fileno())
+  _fsync_dir(os.path.dirname(os.path.abspath(path)))
+  return corrupt_path
+
+
+def _fsync_dir(directory: str) -> None:
+  """Makes a newly created directory entry durable (best effort on odd filesystems)."""
+  try:
+    fd = os.open(directory, os.O_RDONLY)
+  except OSError:
+    return
+  try:
+    os.fsync(fd)
+  except OSError:
+    pass
+  finally:
+    os.close(fd)
+
+
+class PrivacyLedger:
+  """Append-only, crash-safe writer for the privacy ledger at `path`.
+
+  Opening validates every existing line (so appending never extends a corrupt ledger) and
+  refuses a ledger whose last line is partial unless `repair=True`, which
+  moves the partial line aside with `repair_truncated_tail(path)` (never silently dropped).
+  Use as a context manager or call `close()`.
+  """
+
+  def __init__(self, path: str, repair: bool = False):
+    self.path = path
+    self.repaired_to = None  # Path of the moved partial line, if a repair happened.
+    self._fd = None
+    if os.path.exists(path):
+      with open(path, 'rb') as f:
+        data = f.read()
+      lines, tail = _split_complete_lines(data)
+      if tail:
+        if not repair:
+          raise LedgerError(
+              f'{path} line {len(lines) + 1} is a partial line ({len(tail)} bytes, no '
+              'trailing newline), probably from a crash mid-write. Refusing to append. '
+              'Reopen with repair=True (or call '
+              'tff_dp.ledger.repair_truncated_tail) to move it to '
+              f'{path}.corrupt-<timestamp>.')
+        self.repaired_to = repair_truncated_tail(path)
+      self._num_records = len([decode_line(l, i + 1, path) for i, l in enumerate(lines)])
+      created = False
+    else:
+      self._num_records = 0
+      created = True
+    self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    if created:
+      _fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+  @property
+  def num_records(self) -> int:
+    """Number of records in the ledger (existing plus appended)."""
+    return self._num_records
+
+  def append(self, record: RoundRecord) -> None:
+    """Durably appends one record: a single write of the whole line, then fsync."""
+    if self._fd is None:
+      raise LedgerError(f'Ledger {self.path} is closed.')
+    if not isinstance(record, RoundRecord):
+      raise LedgerError(f'append expects a RoundRecord, got {type(record).__name__}.')
+    line = encode_record(record)
+    view = memoryview(line)
+    while view:  # os.write on a regular file writes everything; loop for safety.
+      written = os.write(self._fd, view)
+      view = view[written:]
+    os.fsync(self._fd)
+    self._num_records += 1
+
+  def close(self) -> None:
+    if self._fd is not None:
+      os.close(self._fd)
+      self._fd = None
+
+  def __enter__(self) -> 'PrivacyLedger':
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  def __del__(self):
+    try:
+      self.close()
+    except Exception:  # pylint: disable=broad-except
+      pass
+
+
+
+def move_records(path: str, records: Sequence[RoundRecord], moved_path: str) -> None:
+  """Moves `records` (which must be the ledger's last lines) from `path` to `moved_path`.
+
+  Used on resume for rounds that released no output before a crash (see
+  tff_dp.training.loop._reconcile_ledger). The moved lines are appended to `moved_path`
+  (fsynced) before the ledger is rewritten through a temporary file and an atomic rename, so
+  a crash at any point loses no line. Any open PrivacyLedger on `path` must be reopened.
+  """
+  all_records = read_ledger(path)
+  keep = len(all_records) - len(records)
+  if keep < 0 or tuple(all_records[keep:]) != tuple(records):
+    raise LedgerError(f'{path}: can only move the last records of the ledger.')
+  with open(path, 'rb') as f:
+    lines = f.read().split(b'\n')[:-1]
+  with open(moved_path, 'ab') as f:
+    f.write(b''.join(line + b'\n' for line in lines[keep:]))
+    f.flush()
+    os.fsync(f.fileno())
+  tmp = f'{path}.tmp-{os.getpid()}'
+  with open(tmp, 'wb') as f:
+    f.write(b''.join(line + b'\n' for line in lines[:keep]))
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+  _fsync_dir(os.path.dirname(os.path.abspath(path)))

@@ -1,0 +1,252 @@
+"""The round loop: sample, run a FedAvg round, ledger, epsilon, metrics, checkpoints, resume.
+
+Order inside a round (see docs/ARCHITECTURE.md): the ledger record is made durable before any
+output of the round (metrics, console, checkpoint) is released, so the ledger never under-counts.
+"""
+
+import collections
+import csv
+import dataclasses
+import math
+import os
+import time
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from tff_dp import ledger as ledger_lib
+from tff_dp.aggregators import privacy_queries as privacy_queries_lib
+from tff_dp.training import evaluation
+from tff_dp.training import plots
+
+
+@dataclasses.dataclass
+class LoopConfig:
+  total_rounds: int
+  rounds_per_eval: int = 1
+  rounds_per_checkpoint: int = 1
+  delta: float = 1e-5
+  max_epsilon: Optional[float] = None
+  uncertainty_last_k: int = 0
+  dp_enabled: bool = True
+
+
+@dataclasses.dataclass
+class LoopComponents:
+  """Everything the loop drives; built by `tff_dp.training.experiment` (or by a user)."""
+  process: Any                                   # tff.learning.templates.LearningProcess
+  run_dir: Any                                   # run_dir.RunDirectory (created)
+  sampler: Any                                   # tff_dp.sampling sampler
+  client_dataset_fn: Callable[[Any], Any]        # client id -> preprocessed tf.data.Dataset
+  evaluator: Optional[evaluation.CentralizedEvaluator]
+  ledger: Optional[ledger_lib.PrivacyLedger]
+  accountant: Any                                # tff_dp.accounting.LedgerAccountant or None
+  aggregates: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  train_on_aggregate: Any = None                 # checkpoint_aggregation.TrainOnAggregate or None
+  planned_queries: Sequence[ledger_lib.GaussianSumQuery] = ()
+  log: Callable[[str], None] = print
+
+
+def _flatten(prefix: str, value, out: dict) -> None:
+  if isinstance(value, Mapping):
+    for k, v in value.items():
+      _flatten(f'{prefix}/{k}' if prefix else str(k), v, out)
+  elif isinstance(value, (list, tuple)) and not hasattr(value, 'shape'):
+    for i, v in enumerate(value):
+      _flatten(f'{prefix}/{i}', v, out)
+  else:
+    arr = np.asarray(value)
+    if arr.size == 1 and arr.dtype.kind in 'fiub':
+      out[prefix] = arr.item()
+
+
+def _program_state(state, round_num, aggregates, recent):
+  return collections.OrderedDict(
+      state=state,
+      round_num=np.int64(round_num),
+      aggregates=collections.OrderedDict(
+          (name, agg.get_state()) for name, agg in aggregates.items()),
+      recent=list(recent),
+  )
+
+
+def _predicted_epsilon(c: LoopComponents, round_num: int, last_record) -> Optional[float]:
+  """Epsilon after `round_num` if its mechanism matches the last executed (or planned) one."""
+  if c.accountant is None:
+    return None
+  queries = last_record.queries if last_record is not None else tuple(c.planned_queries)
+  if not queries:
+    return None
+  record = ledger_lib.RoundRecord(round_num, c.sampler.sampling_event(), tuple(queries))
+  return c.accountant.peek_epsilon(record)
+
+
+def _reconcile_ledger(c: LoopComponents, checkpoint_round: int):
+  """Ledger records to keep when resuming from the checkpoint of `checkpoint_round`.
+
+  A round's outputs (metrics row, console, TensorBoard) are released only after its ledger
+  record is durable and, on checkpoint rounds, after its checkpoint. A record past the
+  checkpoint whose metrics row was never written therefore belongs to a round that released
+  nothing: it is moved to ledger.unreleased.jsonl (kept for audit) and the round is re-executed
+  and recorded once. A record past the checkpoint whose metrics WERE released (possible when
+  rounds_per_checkpoint > 1) stays counted, and its re-execution is counted again: accounting
+  is conservative, never optimistic.
+  """
+  records = ledger_lib.read_ledger(c.ledger.path)
+  released_rounds = {int(r['round']) for r in c.run_dir.metrics.read_rows()}
+  released_rounds |= {int(r['round']) for r in _superseded_rows(c)}
+  unreleased = [r for r in records
+                if r.round_num > checkpoint_round and r.round_num not in released_rounds]
+  if unreleased:
+    c.ledger.close()
+    ledger_lib.move_records(c.ledger.path, unreleased, c.run_dir.file('ledger.unreleased.jsonl'))
+    c.ledger = ledger_lib.PrivacyLedger(c.ledger.path)
+    c.log(f'ledger: {len(unreleased)} record(s) of rounds that released no output moved to '
+          'ledger.unreleased.jsonl; those rounds are re-executed')
+    records = ledger_lib.read_ledger(c.ledger.path)
+  if any(r.round_num > checkpoint_round for r in records):
+    c.log('ledger: rounds after the checkpoint released metrics before the crash; they stay '
+          'counted and their re-execution is counted again (conservative)')
+  return records
+
+
+def _superseded_rows(c: LoopComponents):
+  path = c.run_dir.file('metrics.superseded.csv')
+  if not os.path.exists(path):
+    return []
+  with open(path, newline='') as f:
+    return list(csv.DictReader(f))
+
+
+def run_training(config: LoopConfig, c: LoopComponents) -> dict[str, Any]:
+  """Runs (or resumes) training; returns a summary dict of the final round."""
+  process = c.process
+  state = process.initialize()
+  start_round = 1
+  recent: collections.deque = collections.deque(maxlen=max(config.uncertainty_last_k, 1))
+  last_record = None
+
+  if c.run_dir.resume:
+    structure = _program_state(state, 0, c.aggregates, [])
+    loaded, ckpt_round = c.run_dir.load_latest_checkpoint(structure)
+    if loaded is not None:
+      state = loaded['state']
+      for name, agg in c.aggregates.items():
+        agg.set_state(loaded['aggregates'][name])
+      recent.extend(list(loaded['recent']))
+      start_round = int(loaded['round_num']) + 1
+      moved = c.run_dir.metrics.move_rows_after(
+          start_round - 1, c.run_dir.file('metrics.superseded.csv'))
+      c.log(f'resumed from checkpoint of round {start_round - 1}'
+            + (f' ({moved} later metric rows moved to metrics.superseded.csv)' if moved else ''))
+    if c.ledger is not None:
+      records = _reconcile_ledger(c, start_round - 1)
+      for record in records:
+        c.accountant.add(record)
+      last_record = records[-1] if records else None
+
+  summary: dict[str, Any] = {'stopped_by_max_epsilon': False, 'rounds_completed': start_round - 1}
+  round_num = start_round - 1
+  for round_num in range(start_round, config.total_rounds + 1):
+    if config.max_epsilon is not None:
+      predicted = _predicted_epsilon(c, round_num, last_record)
+      if predicted is not None and predicted > config.max_epsilon:
+        c.log(f'stopping before round {round_num}: epsilon would reach {predicted:.4g} > '
+              f'--max_epsilon={config.max_epsilon:g}')
+        summary['stopped_by_max_epsilon'] = True
+        round_num -= 1
+        break
+
+    client_ids = c.sampler.sample(round_num)
+    row: dict[str, Any] = {'round': round_num, 'num_clients': len(client_ids)}
+    if client_ids:
+      t0 = time.perf_counter()
+      output = process.next(state, [c.client_dataset_fn(cid) for cid in client_ids])
+      row['round_seconds'] = time.perf_counter() - t0
+      state = output.state
+      metrics = output.metrics
+      if config.dp_enabled:
+        queries = privacy_queries_lib.find_privacy_queries(metrics['aggregator'])
+        if not queries:
+          raise RuntimeError('DP is on but the aggregator reported no privacy_queries; refusing '
+                             'to train without a ledger record')
+        last_record = ledger_lib.RoundRecord(
+            round_num, c.sampler.sampling_event(), tuple(queries))
+        c.ledger.append(last_record)   # Durable before any output of the round is released.
+        c.accountant.add(last_record)
+      train = metrics['client_work']['train']
+      row['train_loss'] = float(train['loss'])
+      if 'accuracy' in train:
+        row['train_accuracy'] = float(train['accuracy'])
+      _flatten('aggregator', metrics['aggregator'], row)
+    else:
+      # Poisson sampling drew nobody: nothing data-dependent is computed or released.
+      row['round_seconds'] = 0.0
+      c.log(f'round {round_num}: no client sampled; model unchanged')
+
+    if c.accountant is not None:
+      for method, eps in c.accountant.epsilon().items():
+        row[f'epsilon_{method}'] = eps
+
+    weights = evaluation.flat_model_weights(process.get_model_weights(state))
+    for agg in c.aggregates.values():
+      agg.update(weights)
+    if config.uncertainty_last_k:
+      recent.append(weights)
+    if c.train_on_aggregate is not None:
+      start_weights = c.train_on_aggregate.select(round_num, weights, c.aggregates)
+      if start_weights is not weights:
+        state = c.train_on_aggregate.apply(process, state, start_weights)
+        row['trained_from_aggregate'] = 1
+
+    is_last = round_num == config.total_rounds
+    if c.evaluator is not None and (round_num % config.rounds_per_eval == 0 or is_last):
+      for name, value in c.evaluator.evaluate(weights).items():
+        row[f'eval_{name}'] = value
+      for agg_name, agg in c.aggregates.items():
+        agg_weights = agg.value()
+        if agg_weights is not None:
+          for name, value in c.evaluator.evaluate(agg_weights).items():
+            row[f'eval_{agg_name}_{name}'] = value
+
+    if round_num % config.rounds_per_checkpoint == 0 or is_last:
+      # Before any output of the round is released (see _reconcile_ledger).
+      c.run_dir.save_checkpoint(_program_state(state, round_num, c.aggregates, recent), round_num)
+    c.run_dir.metrics.append(row)
+    c.run_dir.write_summaries(round_num, row)
+    c.log(_console_line(row, config.total_rounds))
+
+  summary['rounds_completed'] = round_num
+  summary['final_state'] = state
+  if config.uncertainty_last_k and c.evaluator is not None and len(recent) >= 2:
+    summary['uncertainty'] = _write_uncertainty(c, list(recent))
+  plots.write_run_plots(c.run_dir.file('metrics.csv'), c.run_dir.file('plots'))
+  return summary
+
+
+def _write_uncertainty(c: LoopComponents, recent):
+  from tff_dp import checkpoint_aggregation  # pylint: disable=g-import-not-at-top
+  accuracies = np.array([c.evaluator.evaluate(w).get('accuracy', math.nan) for w in recent])
+  scores = np.stack([c.evaluator.predict_scores(w) for w in recent])
+  return checkpoint_aggregation.write_uncertainty_report(
+      c.run_dir.file('uncertainty.json'), accuracy=accuracies, prediction_scores=scores)
+
+
+def _console_line(row: Mapping[str, Any], total_rounds: int) -> str:
+  parts = [f'round {row["round"]:>4d}/{total_rounds}', f'clients {row["num_clients"]:>3d}']
+  if 'train_loss' in row:
+    parts.append(f'loss {row["train_loss"]:.4f}')
+  if 'train_accuracy' in row:
+    parts.append(f'acc {row["train_accuracy"]:.4f}')
+  clips = [v for k, v in row.items() if k.endswith('l2_norm_clip') and 'clipped_count' not in k]
+  if len(clips) == 1:
+    parts.append(f'clip {clips[0]:.4g}')
+  elif clips:
+    parts.append(f'clips {min(clips):.3g}..{max(clips):.3g}')
+  for method in ('rdp', 'pld'):
+    if row.get(f'epsilon_{method}') is not None:
+      parts.append(f'eps_{method} {row[f"epsilon_{method}"]:.4g}')
+  if 'eval_accuracy' in row:
+    parts.append(f'eval_acc {row["eval_accuracy"]:.4f}')
+  parts.append(f'{row.get("round_seconds", 0.0):.2f}s')
+  return '  '.join(parts)

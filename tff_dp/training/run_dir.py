@@ -1,0 +1,156 @@
+"""The run directory: config, metrics CSV, TensorBoard, checkpoints; never clobbers a prior run.
+
+Layout of RUN_DIR = root_output_dir/experiment_name:
+  config.json        the flags/config of the run (each resume appends to config_history.jsonl)
+  metrics.csv        one row per round (columns grow as eval/aggregate metrics appear)
+  ledger.jsonl       the privacy ledger (tff_dp.ledger)
+  checkpoints/       tff.program.FileProgramStateManager program states
+  tensorboard/       tf.summary scalars
+  plots/             PNGs written by the run
+"""
+
+import asyncio
+import csv
+import json
+import math
+import os
+import tempfile
+import time
+from typing import Any, Mapping
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_dp.errors import UserInputError
+
+_KEEP_CHECKPOINTS = 3
+
+
+def _atomic_write_text(path: str, text: str) -> None:
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix='.tmp-')
+  with os.fdopen(fd, 'w') as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+class MetricsCsv:
+  """Append-only per-round CSV whose header grows when new metric columns appear.
+
+  A new column forces a rewrite of the file with the union header; the rewrite goes through a
+  temporary file and an atomic rename, so a crash never loses rows already written.
+  """
+
+  def __init__(self, path: str):
+    self.path = path
+    self._columns: list[str] = []
+    if os.path.exists(path):
+      with open(path, newline='') as f:
+        reader = csv.reader(f)
+        self._columns = next(reader, [])
+
+  def read_rows(self) -> list[dict[str, str]]:
+    if not os.path.exists(self.path):
+      return []
+    with open(self.path, newline='') as f:
+      return list(csv.DictReader(f))
+
+  def _rewrite(self, rows, columns) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), prefix='.tmp-')
+    with os.fdopen(fd, 'w', newline='') as f:
+      writer = csv.DictWriter(f, fieldnames=columns, restval='')
+      writer.writeheader()
+      writer.writerows(rows)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, self.path)
+    self._columns = list(columns)
+
+  def append(self, row: Mapping[str, Any]) -> None:
+    row = {k: _csv_value(v) for k, v in row.items()}
+    new_columns = [k for k in row if k not in self._columns]
+    if new_columns or not os.path.exists(self.path):
+      self._rewrite(self.read_rows(), self._columns + new_columns)
+    with open(self.path, 'a', newline='') as f:
+      csv.DictWriter(f, fieldnames=self._columns, restval='').writerow(row)
+      f.flush()
+      os.fsync(f.fileno())
+
+  def move_rows_after(self, round_num: int, superseded_path: str) -> int:
+    """Moves rows with round > round_num to `superseded_path` (kept, not deleted); returns count."""
+    rows = self.read_rows()
+    keep = [r for r in rows if int(r['round']) <= round_num]
+    moved = [r for r in rows if int(r['round']) > round_num]
+    if moved:
+      exists = os.path.exists(superseded_path)
+      with open(superseded_path, 'a', newline='') as f:
+        writer = csv.DictWriter(f, fieldnames=self._columns, restval='')
+        if not exists:
+          writer.writeheader()
+        writer.writerows(moved)
+      self._rewrite(keep, self._columns)
+    return len(moved)
+
+
+def _csv_value(v):
+  if isinstance(v, float) and math.isnan(v):
+    return 'nan'
+  return v
+
+
+class RunDirectory:
+  """Creates or reopens RUN_DIR; all run outputs go through this object."""
+
+  def __init__(self, root_output_dir: str, experiment_name: str, *, resume: bool):
+    if not experiment_name or os.sep in experiment_name or experiment_name in ('.', '..'):
+      raise UserInputError(f'invalid --experiment_name {experiment_name!r}: use a plain name')
+    self.path = os.path.join(root_output_dir, experiment_name)
+    exists = os.path.isdir(self.path) and bool(os.listdir(self.path))
+    if resume and not exists:
+      raise UserInputError(f'--resume given but run directory {self.path} does not exist')
+    if not resume and exists:
+      raise UserInputError(
+          f'run directory {self.path} already exists; pass --resume to continue it or choose '
+          'another --experiment_name (nothing was changed)')
+    self.resume = resume
+    self._created = False
+
+  def create(self) -> None:
+    """Creates the directory tree; called only after all inputs were validated."""
+    for sub in ('', 'checkpoints', 'tensorboard', 'plots'):
+      os.makedirs(os.path.join(self.path, sub), exist_ok=True)
+    self.metrics = MetricsCsv(self.file('metrics.csv'))
+    self.state_manager = tff.program.FileProgramStateManager(
+        self.file('checkpoints'), prefix='round_', keep_total=_KEEP_CHECKPOINTS, keep_first=False)
+    self._summary_writer = tf.summary.create_file_writer(self.file('tensorboard'))
+    self._created = True
+
+  def file(self, name: str) -> str:
+    return os.path.join(self.path, name)
+
+  def write_config(self, config: Mapping[str, Any]) -> None:
+    entry = dict(config, _written_at=time.strftime('%Y-%m-%dT%H:%M:%S'))
+    if not os.path.exists(self.file('config.json')):
+      _atomic_write_text(self.file('config.json'), json.dumps(entry, indent=2, sort_keys=True))
+    with open(self.file('config_history.jsonl'), 'a') as f:
+      f.write(json.dumps(entry, sort_keys=True) + '\n')
+
+  def read_config(self) -> dict[str, Any]:
+    with open(self.file('config.json')) as f:
+      return json.load(f)
+
+  def write_summaries(self, round_num: int, scalars: Mapping[str, float]) -> None:
+    with self._summary_writer.as_default():
+      for name, value in scalars.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+          tf.summary.scalar(name, value, step=round_num)
+    self._summary_writer.flush()
+
+  def save_checkpoint(self, program_state, round_num: int) -> None:
+    asyncio.run(self.state_manager.save(program_state, round_num))
+
+  def load_latest_checkpoint(self, structure):
+    """Returns (program_state, round_num) or (None, 0) if no checkpoint exists."""
+    state, version = asyncio.run(self.state_manager.load_latest(structure))
+    return (state, version) if state is not None else (None, 0)
