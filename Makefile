@@ -23,9 +23,13 @@ $(STAMP): requirements/lock.txt setup.py
 	$(PY) -c "import tensorflow_federated as tff; assert tff.__version__ == '$(TFF_VERSION)'"
 	touch $(STAMP)
 
-# Main job: DP-FedAvg with adaptive clipping on the embedded (generated, seeded) EMNIST cache.
+# Main job: DP-FedAvg with flat adaptive clipping on the embedded (generated, seeded) EMNIST
+# cache: 100 clients, 20 expected per round (Poisson), 20 rounds, EMA + past-3 aggregates.
+DEMO_FLAGS ?= --task=emnist --dp=adaptive --clip=0.1 --noise_multiplier=0.1 \
+	--clients_per_round=20 --total_rounds=20 --client_learning_rate=0.05 \
+	--rounds_per_eval=2 --ema_beta=0.9 --past_k=3 --uncertainty_last_k=5 --root_output_dir=runs
 demo: setup
-	$(PY) run_experiment.py --task=emnist --experiment_name=demo --root_output_dir=runs
+	$(PY) run_experiment.py $(DEMO_FLAGS)
 
 test: setup
 	$(PY) -m pytest -q tests

@@ -186,9 +186,6 @@ def _config():
 
 def _task():
   import tasks  # pylint: disable=g-import-not-at-top
-  from tff_dp.errors import UserInputError  # pylint: disable=g-import-not-at-top
-  if _TASK.value not in _TASKS:
-    raise UserInputError(f'unknown --task {_TASK.value!r}; choose one of {", ".join(_TASKS)}')
   data_dir = _DATA_DIR.value
   if data_dir is None:
     from tasks import synthetic_data  # pylint: disable=g-import-not-at-top
@@ -215,6 +212,8 @@ def main(argv):
   from tff_dp.errors import UserInputError  # pylint: disable=g-import-not-at-top
   from tff_dp.training import experiment  # pylint: disable=g-import-not-at-top
   try:
+    if _TASK.value not in _TASKS:
+      raise UserInputError(f'unknown --task {_TASK.value!r}; choose one of {", ".join(_TASKS)}')
     cfg = _config()
     cfg.validate()   # Cheap checks first: no data is loaded for a bad command line.
     summary = experiment.run(cfg, _task())

@@ -221,7 +221,9 @@ def _round_events(state, metrics):
     event = dp_accounting.ComposedDpEvent(
         [dp_accounting.GaussianDpEvent(float(q.noise_stddev) / float(q.l2_norm_clip))
          for q in queries])
-    return event, tuple((q.name, float(q.l2_norm_clip), float(q.noise_stddev)) for q in queries)
+    # Names carry the wrapper's path ('preconditioned/update'); the mechanism is the values.
+    return event, tuple((q.name.split('/')[-1], float(q.l2_norm_clip), float(q.noise_stddev))
+                        for q in queries)
   event = tff.aggregators.differential_privacy.extract_dp_event_from_state(state.aggregator)
   assert isinstance(event, dp_accounting.GaussianDpEvent), event
   return event, repr(event)

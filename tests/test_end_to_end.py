@@ -107,9 +107,10 @@ def _cli(args, log_path):
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_with_identical_epsilon_curve(data_dir, tmp_path):
+@pytest.mark.parametrize('dp', ['fixed', 'adaptive'])
+def test_killed_run_resumes_with_identical_epsilon_curve(dp, data_dir, tmp_path):
   common = ['--task=emnist', '--emnist_only_digits', f'--data_dir={data_dir}',
-            '--dp=adaptive', '--clip=0.5', '--noise_multiplier=0.2', '--clients_per_round=5',
+            f'--dp={dp}', '--clip=0.5', '--noise_multiplier=0.2', '--clients_per_round=5',
             '--clipped_count_stddev=1.0', '--total_rounds=5', '--max_eval_examples=100',
             '--client_batch_size=10', '--max_elements_per_client=40', '--delta=1e-4',
             f'--root_output_dir={tmp_path}']
@@ -140,7 +141,17 @@ def test_killed_run_resumes_with_identical_epsilon_curve(data_dir, tmp_path):
   full_rows, resumed_rows = _read_metrics(tmp_path / 'full'), _read_metrics(tmp_path / 'killed')
   assert [int(r['round']) for r in resumed_rows] == [1, 2, 3, 4, 5]
   for key in ('epsilon_rdp', 'epsilon_pld'):
-    assert [float(r[key]) for r in resumed_rows] == [float(r[key]) for r in full_rows]
+    resumed_eps = [float(r[key]) for r in resumed_rows]
+    full_eps = [float(r[key]) for r in full_rows]
+    if dp == 'fixed':
+      # Same mechanism every round; only the floating-point summation order of the replay
+      # on resume can differ.
+      assert resumed_eps == pytest.approx(full_eps, rel=1e-10)
+    else:
+      # Adaptive clips differ between two runs (independent noise), so sigma/S differs in the
+      # last float32 bit, and the accountant rounds z down to 6 significant digits for its
+      # cache (conservative): equal to that resolution.
+      assert resumed_eps == pytest.approx(full_eps, rel=2e-5)
   records = ledger_lib.read_ledger(str(tmp_path / 'killed' / 'ledger.jsonl'))
   assert [r.round_num for r in records] == [1, 2, 3, 4, 5]
   # The replayed ledger gives the same curve as the one reported during the run.

@@ -8,6 +8,7 @@ We therefore kill our own worker children explicitly: at exit, on SIGTERM, and o
 """
 
 import atexit
+import gc
 import os
 import signal
 import time
@@ -82,7 +83,22 @@ def shutdown_workers(timeout: float = 5.0) -> int:
       os.waitpid(pid, 0)
     except ChildProcessError:
       pass  # Already reaped (by TFF's Popen) or not our child.
+  _detach_tff_service_managers()  # None of our workers is alive any more.
   return len(pids)
+
+
+def _detach_tff_service_managers() -> None:
+  """Tells TFF's ServiceManager its worker is gone.
+
+  Its `__del__` would otherwise run during interpreter teardown, when the `subprocess` module
+  global is already None, and print a spurious AttributeError traceback. The class is defined
+  locally in TFF's `local_cpp_executor_factory`, so we reach it through its live instances.
+  """
+  for obj in gc.get_objects():
+    if type(obj).__name__ == 'ServiceManager' and hasattr(obj, '_process'):
+      obj._process = None  # pylint: disable=protected-access
+      obj._stub = None  # pylint: disable=protected-access
+      type(obj).__del__ = lambda self: None
 
 
 def _on_sigterm(signum, frame):

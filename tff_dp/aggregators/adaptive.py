@@ -9,15 +9,14 @@ tuples and the estimated unclipped fraction.
 
 import collections
 
-import tensorflow as tf
 import tensorflow_privacy as tfp
 
 from tff_dp.aggregators import budget
+from tff_dp.aggregators import per_layer
 from tff_dp.aggregators import privacy_queries
 from tff_dp.aggregators.fixed import ReportingDPFactory
-from tff_dp.errors import UserInputError
 
-UPDATE_RULES = ('geometric', 'linear')
+UPDATE_RULES = per_layer.UPDATE_RULES
 
 
 def _quantile_tuples(quantile_state):
@@ -31,30 +30,21 @@ class AdaptiveClipGaussianFactory(ReportingDPFactory):
 
   `noise_multiplier` is the effective z of the whole round; the update query gets
   z_v = (z^-2 - (2 sigma_b)^-2)^-1/2 and the clipped-count query stddev sigma_b.
+  Measurements: privacy_queries {update, clipped_count}, clip (used this round), next_clip,
+  unclipped_fraction_estimate (the noised b of this round), plus TFF's dp_query_metrics / dp.
   """
 
   def __init__(self, *, noise_multiplier: float, clients_per_round: float,
                initial_clip: float, target_unclipped_quantile: float = 0.5,
                clip_learning_rate: float = 0.2, update_rule: str = 'geometric',
                clipped_count_stddev: float | None = None):
-    if update_rule not in UPDATE_RULES:
-      raise UserInputError(f'update rule must be geometric or linear, got {update_rule!r}')
-    if not 0 < target_unclipped_quantile < 1:
-      raise UserInputError('target_unclipped_quantile must be in (0, 1), got '
-                           f'{target_unclipped_quantile}')
-    if not initial_clip > 0:
-      raise UserInputError(f'initial clip must be positive, got {initial_clip}')
-    if not clip_learning_rate > 0:
-      raise UserInputError(f'clip_learning_rate must be positive, got {clip_learning_rate}')
-    if not clients_per_round > 0:
-      raise UserInputError(f'clients_per_round must be positive, got {clients_per_round}')
-    if not noise_multiplier >= 0:
-      raise UserInputError(f'noise_multiplier must be >= 0, got {noise_multiplier}')
+    per_layer.check_adaptive_args(
+        noise_multiplier=noise_multiplier, clients_per_round=clients_per_round,
+        initial_clip=initial_clip, target_unclipped_quantile=target_unclipped_quantile,
+        clip_learning_rate=clip_learning_rate, update_rule=update_rule)
     self.noise_multiplier = float(noise_multiplier)
-    self.clipped_count_stddev = budget.resolve_clipped_count_stddev(
-        clipped_count_stddev, clients_per_round)
-    if self.noise_multiplier == 0 and clipped_count_stddev is None:
-      self.clipped_count_stddev = 0.0   # No noise anywhere (as TFF's gaussian_adaptive).
+    self.clipped_count_stddev = per_layer.resolve_count_stddev(
+        self.noise_multiplier, clipped_count_stddev, clients_per_round)
     self.update_noise_multiplier = budget.update_noise_multiplier(
         self.noise_multiplier, self.clipped_count_stddev)
     self.update_rule = update_rule
@@ -83,12 +73,7 @@ class AdaptiveClipGaussianFactory(ReportingDPFactory):
     def metrics(query_state, inner_measurements):
       clip_used = query_state.numerator_state.sum_state.l2_norm_clip
       next_clip = inner_measurements['dp_query_metrics']['clip']
-      # The noised unclipped fraction b is not kept in state; invert the clip update to
-      # report it (exact: b is clamped to [0, 1] before the update is applied).
-      if geometric:
-        fraction = gamma - tf.math.log(next_clip / clip_used) / eta
-      else:
-        fraction = gamma + (clip_used - next_clip) / eta
+      fraction = per_layer.unclipped_fraction(clip_used, next_clip, gamma, eta, geometric)
       return collections.OrderedDict(
           clip=clip_used, next_clip=next_clip, unclipped_fraction_estimate=fraction)
 

@@ -2,7 +2,6 @@
 
 import collections
 
-import tensorflow as tf
 import tensorflow_federated as tff
 import tensorflow_privacy as tfp
 

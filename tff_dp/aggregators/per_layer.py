@@ -164,7 +164,8 @@ class PerLayerAdaptiveClipFactory(tff.aggregators.UnweightedAggregationFactory):
   function of the list of flat tensor shapes returning one. `noise_allocation`: proportional
   (sigma_g = z_v sqrt(G) S_g) or dimensionality (sigma_g = z_v sqrt(D/d_g) S_g).
   Measurements: privacy_queries {update/group_g, clipped_count/group_g}, clip {group_g},
-  next_clip {group_g}, unclipped_fraction_estimate {group_g}, noise_multipliers {group_g}.
+  next_clip {group_g}, unclipped_fraction_estimate {group_g}. After create(), the Python
+  attributes `groups` and `noise_multipliers` (z_g per group) describe the built process.
   """
 
   def __init__(self, *, noise_multiplier: float, clients_per_round: float,

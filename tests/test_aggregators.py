@@ -1,0 +1,347 @@
+"""Tests of the DP aggregation factories run as real TFF AggregationProcesses."""
+
+import collections
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+import tensorflow_privacy as tfp
+
+from tff_dp import aggregators
+from tff_dp.aggregators import budget
+from tff_dp.aggregators import privacy_queries
+from tff_dp.errors import UserInputError
+
+
+def _process(factory, shapes):
+  return factory.create(tff.to_type([(np.float32, list(s)) for s in shapes]))
+
+
+def _clients(rng, shapes, num, norms=None):
+  """`num` client values (lists of tensors); each tensor's norm is norms[c][t] if given."""
+  out = []
+  for c in range(num):
+    value = []
+    for t, s in enumerate(shapes):
+      v = rng.normal(size=s).astype(np.float32)
+      if norms is not None:
+        v *= norms[c][t] / np.linalg.norm(v)
+      value.append(v)
+    out.append(value)
+  return out
+
+
+def _queries(measurements):
+  return {q.name: (q.l2_norm_clip, q.noise_stddev)
+          for q in privacy_queries.find_privacy_queries(measurements)}
+
+
+# ---------------------------------------------------------------- flat adaptive vs TFF / tfp
+
+
+def test_flat_adaptive_clip_trajectory_equals_tff_and_tfp():
+  rounds, m, shape = 20, 5, (4,)
+  rng = np.random.default_rng(0)
+  data = [_clients(rng, [shape], m, norms=rng.lognormal(0.0, 1.0, (m, 1))) for _ in range(rounds)]
+  kwargs = dict(clients_per_round=float(m), target_unclipped_quantile=0.3)
+  ours = _process(aggregators.AdaptiveClipGaussianFactory(
+      noise_multiplier=0.0, initial_clip=0.5, clip_learning_rate=0.3, **kwargs), [shape])
+  theirs = _process(tff.aggregators.DifferentiallyPrivateFactory.gaussian_adaptive(
+      noise_multiplier=0.0, initial_l2_norm_clip=0.5, learning_rate=0.3, **kwargs), [shape])
+  query = tfp.QuantileAdaptiveClipSumQuery(
+      initial_l2_norm_clip=0.5, noise_multiplier=0.0, target_unclipped_quantile=0.3,
+      learning_rate=0.3, clipped_count_stddev=0.0, expected_num_records=float(m),
+      geometric_update=True)
+  s_ours, s_theirs, q_state = ours.initialize(), theirs.initialize(), query.initial_global_state()
+  ours_clips, theirs_clips, tfp_clips = [], [], []
+  for values in data:
+    out = ours.next(s_ours, values)
+    s_ours = out.state
+    ours_clips.append(float(out.measurements['next_clip']))
+    out_t = theirs.next(s_theirs, values)
+    s_theirs = out_t.state
+    theirs_clips.append(float(out_t.measurements['dp_query_metrics']['clip']))
+    np.testing.assert_allclose(out.result[0], out_t.result[0], rtol=1e-5, atol=1e-7)
+    params = query.derive_sample_params(q_state)
+    sample = query.initial_sample_state(tf.TensorSpec(shape, tf.float32))
+    for v in values:
+      sample = query.accumulate_record(params, sample, v[0])
+    _, q_state, _ = query.get_noised_result(sample, q_state)
+    tfp_clips.append(float(q_state.sum_state.l2_norm_clip))
+  np.testing.assert_allclose(ours_clips, theirs_clips, rtol=1e-6)
+  np.testing.assert_allclose(ours_clips, tfp_clips, rtol=1e-5)
+  assert len(set(np.round(ours_clips, 5))) > 5  # The clip actually moved.
+
+
+def test_flat_factory_converges_to_median_from_100x_too_small():
+  """The real factory: clip goes from 100x below the median of client norms to within 10%."""
+  m = 50
+  rng = np.random.default_rng(1)
+  process = _process(aggregators.AdaptiveClipGaussianFactory(
+      noise_multiplier=0.0, clients_per_round=float(m), initial_clip=0.01,
+      clip_learning_rate=0.5, clipped_count_stddev=0.0), [(2,)])
+  state = process.initialize()
+  tail = []
+  for r in range(80):
+    norms = rng.lognormal(0.0, 0.5, (m, 1))  # Median 1.
+    out = process.next(state, _clients(rng, [(2,)], m, norms))
+    state = out.state
+    if r >= 60:
+      tail.append(float(out.measurements['next_clip']))
+  assert np.mean(tail) == pytest.approx(1.0, rel=0.1)
+  assert tail[-1] == pytest.approx(1.0, rel=0.15)
+
+
+@pytest.mark.parametrize('update_rule', ['geometric', 'linear'])
+def test_direction_all_clipped_grows_none_clipped_shrinks(update_rule):
+  process = _process(aggregators.AdaptiveClipGaussianFactory(
+      noise_multiplier=0.0, clients_per_round=4.0, initial_clip=1.0,
+      update_rule=update_rule), [(3,)])
+  rng = np.random.default_rng(2)
+  state = process.initialize()
+  big = process.next(state, _clients(rng, [(3,)], 4, [[10.0]] * 4))
+  small = process.next(state, _clients(rng, [(3,)], 4, [[0.1]] * 4))
+  assert float(big.measurements['next_clip']) > 1.0
+  assert float(small.measurements['next_clip']) < 1.0
+  assert float(big.measurements['unclipped_fraction_estimate']) == pytest.approx(0.0, abs=1e-5)
+  assert float(small.measurements['unclipped_fraction_estimate']) == pytest.approx(1.0, abs=1e-5)
+  if update_rule == 'geometric':
+    assert float(big.measurements['next_clip']) == pytest.approx(math.exp(0.2 * 0.5))
+  else:
+    assert float(big.measurements['next_clip']) == pytest.approx(1.0 + 0.2 * 0.5)
+
+
+def test_privacy_queries_report_pre_round_clip_and_stddev():
+  z, m, sigma_b = 0.5, 10.0, 1.0
+  factory = aggregators.AdaptiveClipGaussianFactory(
+      noise_multiplier=z, clients_per_round=m, initial_clip=1.0, clipped_count_stddev=sigma_b)
+  z_v = budget.update_noise_multiplier(z, sigma_b)
+  process = _process(factory, [(3,)])
+  rng = np.random.default_rng(3)
+  state = process.initialize()
+  out1 = process.next(state, _clients(rng, [(3,)], 10, [[5.0]] * 10))
+  q1 = _queries(out1.measurements)
+  assert q1['update'] == pytest.approx((1.0, z_v))
+  assert q1['clipped_count'] == pytest.approx((0.5, sigma_b))
+  clip_after_1 = float(out1.measurements['next_clip'])
+  assert clip_after_1 != pytest.approx(1.0)
+  out2 = process.next(out1.state, _clients(rng, [(3,)], 10, [[5.0]] * 10))
+  q2 = _queries(out2.measurements)
+  assert q2['update'] == pytest.approx((clip_after_1, z_v * clip_after_1), rel=1e-6)
+  assert float(out2.measurements['clip']) == pytest.approx(clip_after_1)
+  # Eq. (1) over the reported tuples gives back the user's effective z.
+  assert budget.effective_noise_multiplier(
+      [s / c for c, s in q2.values()]) == pytest.approx(z, rel=1e-5)
+
+
+def test_fixed_reports_tuple_and_matches_tff():
+  process = _process(aggregators.FixedClipGaussianFactory(0.5, 0.0, 3.0), [(3,)])
+  theirs = _process(tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(0.0, 3.0, 0.5),
+                    [(3,)])
+  values = _clients(np.random.default_rng(4), [(3,)], 3, [[2.0], [0.1], [0.4]])
+  out = process.next(process.initialize(), values)
+  out_t = theirs.next(theirs.initialize(), values)
+  np.testing.assert_allclose(out.result[0], out_t.result[0], rtol=1e-6)
+  assert _queries(out.measurements) == {'update': pytest.approx((0.5, 0.0))}
+  noised = _process(aggregators.FixedClipGaussianFactory(0.5, 1.2, 3.0), [(3,)])
+  q = _queries(noised.next(noised.initialize(), values).measurements)
+  assert q['update'] == pytest.approx((0.5, 0.6))
+
+
+# ---------------------------------------------------------------- per-layer and joint
+
+
+def test_per_layer_clips_track_their_own_layer_quantile():
+  m, shapes = 40, [(5,), (3,)]
+  rng = np.random.default_rng(5)
+  process = _process(aggregators.PerLayerAdaptiveClipFactory(
+      noise_multiplier=0.0, clients_per_round=float(m), initial_clip=1.0,
+      clip_learning_rate=0.5), shapes)
+  state = process.initialize()
+  tails = collections.defaultdict(list)
+  for r in range(60):
+    norms = np.stack([rng.lognormal(np.log(0.1), 0.3, m), rng.lognormal(np.log(10.0), 0.3, m)],
+                     axis=1)
+    out = process.next(state, _clients(rng, shapes, m, norms))
+    state = out.state
+    if r >= 40:
+      for name, v in out.measurements['next_clip'].items():
+        tails[name].append(float(v))
+  assert np.mean(tails['group_0']) == pytest.approx(0.1, rel=0.1)
+  assert np.mean(tails['group_1']) == pytest.approx(10.0, rel=0.1)
+  q = _queries(out.measurements)
+  assert set(q) == {'update/group_0', 'update/group_1', 'clipped_count/group_0',
+                    'clipped_count/group_1'}
+  assert q['update/group_0'][0] == pytest.approx(tails['group_0'][-2], rel=1e-5)
+
+
+def test_per_layer_groups_and_budget():
+  shapes = [(10,), (2,), (100,)]
+  factory = aggregators.PerLayerAdaptiveClipFactory(
+      noise_multiplier=0.5, clients_per_round=20.0, initial_clip=[1.0, 2.0],
+      groups=[[0, 1], [2]], noise_allocation='dimensionality', clipped_count_stddev=2.0)
+  process = _process(factory, shapes)
+  out = process.next(process.initialize(), _clients(np.random.default_rng(6), shapes, 2))
+  q = _queries(out.measurements)
+  z_v = budget.update_noise_multiplier(0.5, 2.0, 2)
+  assert q['update/group_0'] == pytest.approx((1.0, z_v * math.sqrt(112 / 12) * 1.0), rel=1e-6)
+  assert q['update/group_1'] == pytest.approx((2.0, z_v * math.sqrt(112 / 100) * 2.0), rel=1e-6)
+  assert budget.effective_noise_multiplier([s / c for c, s in q.values()]) == pytest.approx(
+      0.5, rel=1e-5)
+  with pytest.raises(UserInputError, match='partition'):
+    _process(aggregators.PerLayerAdaptiveClipFactory(
+        noise_multiplier=0.0, clients_per_round=2.0, initial_clip=1.0, groups=[[0], [0, 1]]),
+             [(2,), (2,)])
+
+
+def test_joint_scales_clip_and_unscale():
+  shapes = [(3,), (2,)]
+  process = _process(aggregators.JointClipFactory(
+      noise_multiplier=0.0, clients_per_round=1.0, initial_scale=[1.0, 10.0],
+      adaptive_scales=False, joint_clip=1.0), shapes)
+  v = [np.array([3.0, 0.0, 4.0], np.float32), np.array([0.0, 50.0], np.float32)]
+  out = process.next(process.initialize(), [v])
+  # Scaled: (3, 0, 4) and (0, 5): joint norm sqrt(50); clip to 1, unscale by alpha.
+  f = 1 / math.sqrt(50)
+  np.testing.assert_allclose(out.result[0], np.array([3, 0, 4]) * f, rtol=1e-5)
+  np.testing.assert_allclose(out.result[1], np.array([0, 50]) * f, rtol=1e-5)
+  assert _queries(out.measurements) == {'update/group_0': pytest.approx((1.0, 0.0))}
+
+
+def test_joint_adaptive_scales_track_per_vector_quantiles():
+  m, shapes = 40, [(4,), (2,)]
+  rng = np.random.default_rng(7)
+  process = _process(aggregators.JointClipFactory(
+      noise_multiplier=0.0, clients_per_round=float(m), initial_scale=1.0,
+      clip_learning_rate=0.5), shapes)
+  state = process.initialize()
+  tails = collections.defaultdict(list)
+  for r in range(50):
+    norms = np.stack([rng.lognormal(np.log(0.1), 0.3, m), rng.lognormal(np.log(10.0), 0.3, m)],
+                     axis=1)
+    out = process.next(state, _clients(rng, shapes, m, norms))
+    state = out.state
+    if r >= 30:
+      for name, value in out.measurements['next_scale'].items():
+        tails[name].append(float(value))
+  assert np.mean(tails['tensor_0']) == pytest.approx(0.1, rel=0.1)
+  assert np.mean(tails['tensor_1']) == pytest.approx(10.0, rel=0.1)
+  q = _queries(out.measurements)
+  assert q['update/group_0'] == pytest.approx((math.sqrt(2), 0.0))
+  assert q['clipped_count/group_0/tensor_1'] == pytest.approx((0.5, 0.0))
+
+
+# ---------------------------------------------------------------- sensitivity and noise
+
+
+def test_single_client_contribution_is_bounded_by_its_clip():
+  shapes = [(20,), (7,)]
+  rng = np.random.default_rng(8)
+  huge = _clients(rng, shapes, 1, [[1e3, 1e4]])
+  norm = lambda x: float(np.linalg.norm(np.concatenate([np.ravel(t) for t in x])))
+
+  flat = _process(aggregators.AdaptiveClipGaussianFactory(
+      noise_multiplier=0.0, clients_per_round=1.0, initial_clip=0.7), shapes)
+  assert norm(flat.next(flat.initialize(), huge).result) == pytest.approx(0.7, rel=1e-5)
+
+  per_layer = _process(aggregators.PerLayerAdaptiveClipFactory(
+      noise_multiplier=0.0, clients_per_round=1.0, initial_clip=[0.3, 2.0]), shapes)
+  out = per_layer.next(per_layer.initialize(), huge).result
+  assert np.linalg.norm(out[0]) == pytest.approx(0.3, rel=1e-5)
+  assert np.linalg.norm(out[1]) == pytest.approx(2.0, rel=1e-5)
+
+  joint = _process(aggregators.JointClipFactory(
+      noise_multiplier=0.0, clients_per_round=1.0, initial_scale=[0.5, 4.0],
+      joint_clip=1.2), shapes)
+  out = joint.next(joint.initialize(), huge).result
+  scaled = math.sqrt(np.sum((out[0] / 0.5)**2) + np.sum((out[1] / 4.0)**2))
+  assert scaled == pytest.approx(1.2, rel=1e-5)
+
+
+@pytest.mark.parametrize('kind', ['fixed', 'adaptive', 'per_layer_adaptive', 'joint'])
+def test_noise_std_matches_configuration(kind):
+  """All-zero updates: the aggregate is pure noise / m; 20000 draws estimate its std to ~0.5%."""
+  z, m, sigma_b, clip = 0.8, 10.0, 2.0, 0.5
+  shapes = [(12000,), (8000,)]
+  factory = aggregators.build_dp_aggregator(
+      kind, noise_multiplier=z, clients_per_round=m, clip=clip, clipped_count_stddev=sigma_b)
+  process = _process(factory, shapes)
+  zeros = [[np.zeros(s, np.float32) for s in shapes]] * 2
+  out = process.next(process.initialize(), zeros)
+  q = _queries(out.measurements)
+  if kind == 'fixed':
+    expected = [z * clip] * 2
+  elif kind == 'adaptive':
+    expected = [budget.update_noise_multiplier(z, sigma_b) * clip] * 2
+  elif kind == 'per_layer_adaptive':
+    z_g = budget.update_noise_multiplier(z, sigma_b, 2) * math.sqrt(2)
+    expected = [z_g * clip] * 2
+  else:  # Joint: one group, S = sqrt(2), alpha_j = clip; noise alpha_j * sigma_g.
+    z_v = budget.update_noise_multiplier(z, sigma_b, 2)
+    expected = [clip * z_v * math.sqrt(2)] * 2
+  for t in range(2):
+    assert np.std(out.result[t]) * m == pytest.approx(expected[t], rel=0.05)
+    assert abs(np.mean(out.result[t])) * m < 0.05 * expected[t]
+  # The reported tuples combine (Eq. (1)) to the user's effective z.
+  assert budget.effective_noise_multiplier(
+      [s / c for c, s in q.values()]) == pytest.approx(z, rel=1e-5)
+
+
+# ---------------------------------------------------------------- builder and drop-in
+
+
+def test_build_dp_aggregator_rejects_bad_combinations():
+  kw = dict(noise_multiplier=1.0, clients_per_round=10.0, clip=1.0)
+  with pytest.raises(UserInputError, match='unknown DP aggregation'):
+    aggregators.build_dp_aggregator('bogus', **kw)
+  with pytest.raises(UserInputError, match='clipped_count_stddev above 0.5'):
+    aggregators.build_dp_aggregator('adaptive', **kw)  # sigma_b = 0.5 = z / 2.
+  with pytest.raises(UserInputError, match='does not take groups'):
+    aggregators.build_dp_aggregator('fixed', groups=[[0]], **kw)
+  with pytest.raises(UserInputError, match='update rule'):
+    aggregators.build_dp_aggregator('adaptive', update_rule='cubic', clipped_count_stddev=5.0,
+                                    **kw)
+  with pytest.raises(UserInputError, match='noise_allocation'):
+    aggregators.build_dp_aggregator('per_layer_adaptive', noise_allocation='x', **kw)
+  with pytest.raises(UserInputError, match='target_unclipped_quantile'):
+    aggregators.build_dp_aggregator('joint', target_unclipped_quantile=1.5, **kw)
+  with pytest.raises(UserInputError, match='clipped_count_stddev above'):
+    aggregators.build_dp_aggregator('per_layer_adaptive', clipped_count_stddev=0.6,
+                                    groups=[[0], [1]], **kw)
+
+
+def _model_fn():
+  keras_model = tf.keras.Sequential([
+      tf.keras.layers.InputLayer(input_shape=(4,)),
+      tf.keras.layers.Dense(5, activation='relu'),
+      tf.keras.layers.Dense(3)])
+  return tff.learning.models.from_keras_model(
+      keras_model, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      input_spec=(tf.TensorSpec([None, 4], tf.float32), tf.TensorSpec([None], tf.int32)))
+
+
+def _dataset(seed):
+  rng = np.random.default_rng(seed)
+  return tf.data.Dataset.from_tensor_slices(
+      (rng.normal(size=(8, 4)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32))
+  ).batch(4)
+
+
+@pytest.mark.parametrize('kind', ['fixed', 'adaptive', 'per_layer_adaptive', 'joint'])
+def test_drop_in_build_unweighted_fed_avg(kind):
+  aggregator = aggregators.build_dp_aggregator(
+      kind, noise_multiplier=0.5, clients_per_round=20.0, clip=0.1)
+  process = tff.learning.algorithms.build_unweighted_fed_avg(
+      _model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1),
+      model_aggregator=aggregator)
+  state = process.initialize()
+  before = process.get_model_weights(state).trainable
+  out = process.next(state, [_dataset(1), _dataset(2)])
+  after = process.get_model_weights(out.state).trainable
+  assert any(not np.allclose(a, b) for a, b in zip(after, before))
+  queries = privacy_queries.find_privacy_queries(out.metrics['aggregator'])
+  assert queries and all(q.l2_norm_clip > 0 for q in queries)
+  assert budget.effective_noise_multiplier(
+      [q.noise_stddev / q.l2_norm_clip for q in queries]) == pytest.approx(0.5, rel=1e-5)

@@ -1,0 +1,247 @@
+"""Tasks on TFF's real loaders over databases we write in TFF's on-disk format."""
+
+import os
+import sqlite3
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+import tasks
+from tasks import data_files
+from tasks import synthetic_data
+from tasks import vocab as vocab_lib
+from tff_dp.errors import UserInputError
+
+SO = tff.simulation.datasets.stackoverflow
+EMNIST = tff.simulation.datasets.emnist
+
+
+def _emnist_proto(e):
+  return synthetic_data.emnist_example(e['pixels'], int(e['label']))
+
+
+def _so_proto(e):
+  return synthetic_data.stackoverflow_example(
+      tokens=e['tokens'].decode(), title=e['title'].decode(), tags=e['tags'].decode(),
+      score=int(e['score']), creation_date=e['creation_date'].decode(),
+      type_=e['type'].decode())
+
+
+def _assert_same_client_data(loaded, reference):
+  assert sorted(loaded.client_ids) == sorted(reference.client_ids)
+  assert loaded.element_type_structure == reference.element_type_structure
+  for cid in reference.client_ids:
+    got = list(loaded.create_tf_dataset_for_client(cid).as_numpy_iterator())
+    want = list(reference.create_tf_dataset_for_client(cid).as_numpy_iterator())
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+      assert set(g) == set(w)
+      for key in w:
+        np.testing.assert_array_equal(g[key], w[key])
+        assert np.asarray(g[key]).dtype == np.asarray(w[key]).dtype
+
+
+def test_emnist_round_trip_matches_get_synthetic(tmp_path):
+  reference = EMNIST.get_synthetic()
+  protos = synthetic_data.client_data_to_protos(reference, _emnist_proto)
+  synthetic_data.write_sqlite(str(tmp_path / 'emnist_all.sqlite'), {
+      split: protos for split in ('all_train', 'all_test', 'digits_only_train',
+                                  'digits_only_test')})
+  for only_digits in (False, True):
+    train, test = EMNIST.load_data(only_digits=only_digits, cache_dir=str(tmp_path))
+    _assert_same_client_data(train, reference)
+    _assert_same_client_data(test, reference)
+
+
+def test_stackoverflow_round_trip_matches_get_synthetic(tmp_path):
+  reference = SO.get_synthetic()
+  protos = synthetic_data.client_data_to_protos(reference, _so_proto)
+  synthetic_data.write_sqlite(str(tmp_path / 'stackoverflow.sqlite'),
+                              {split: protos for split in ('train', 'heldout', 'test')})
+  train, heldout, test = SO.load_data(cache_dir=str(tmp_path))
+  for loaded in (train, heldout, test):
+    _assert_same_client_data(loaded, reference)
+
+
+def test_generated_metadata_counts_match_examples(tmp_path):
+  path = synthetic_data.write_emnist_cache(str(tmp_path), num_train_clients=4,
+                                           examples_per_client=7, seed=3)
+  with sqlite3.connect(path) as con:
+    meta = dict(((c, s), n) for c, s, n in con.execute('SELECT * FROM client_metadata'))
+    for (cid, split), n in meta.items():
+      count = con.execute('SELECT COUNT(*) FROM examples WHERE client_id=? AND split_name=?',
+                          (cid, split)).fetchone()[0]
+      assert count == n
+  train, _ = EMNIST.load_data(only_digits=False, cache_dir=str(tmp_path))
+  assert len(train.client_ids) == 4
+  assert all(meta[(c, 'all_train')] == 7 for c in train.client_ids)
+
+
+def test_generation_is_deterministic(tmp_path):
+  a = synthetic_data.write_emnist_cache(str(tmp_path / 'a'), 3, 5, seed=1)
+  b = synthetic_data.write_emnist_cache(str(tmp_path / 'b'), 3, 5, seed=1)
+  with sqlite3.connect(a) as ca, sqlite3.connect(b) as cb:
+    q = 'SELECT * FROM examples ORDER BY rowid'
+    assert ca.execute(q).fetchall() == cb.execute(q).fetchall()
+
+
+def test_word_counts_match_tff_parser_format(tmp_path):
+  counts = {'the': 10, 'a': 7, 'foo': 1}
+  synthetic_data.write_counts_file(str(tmp_path / 'datasets' / 'stackoverflow.word_count'),
+                                   counts)
+  assert dict(vocab_lib.load_word_counts(str(tmp_path))) == counts
+  assert list(vocab_lib.load_word_counts(str(tmp_path), vocab_size=2)) == ['the', 'a']
+
+
+@pytest.fixture(scope='module')
+def cache(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp('cache'))
+  synthetic_data.write_emnist_cache(path, num_train_clients=3, examples_per_client=12, seed=0)
+  synthetic_data.write_stackoverflow_cache(path, num_train_clients=3, examples_per_client=6,
+                                           seed=0, vocab_size=300, num_tags=50, num_topics=5)
+  return path
+
+
+def _param_count(task):
+  return sum(int(np.prod(w.shape)) for w in task.keras_model_fn().trainable_weights)
+
+
+def test_emnist_task_batches_and_model(cache):
+  task = tasks.build_task('emnist', cache, client_batch_size=5, only_digits=True)
+  batch = next(iter(task.preprocess_train(
+      task.train_data.create_tf_dataset_for_client(task.train_data.client_ids[0]))))
+  assert batch[0].shape[1:] == (28, 28, 1) and batch[0].dtype == tf.float32
+  assert _param_count(task) == 320 + 18_496 + 1_179_776 + 1_290   # The cnn_dropout CNN.
+  assert task.keras_model_fn()(batch[0]).shape[-1] == 10
+  assert _param_count(tasks.build_task('emnist', cache)) == 320 + 18_496 + 1_179_776 + 7_998
+
+
+def test_stackoverflow_word_task_model_and_vocab(cache):
+  task = tasks.build_task('stackoverflow_word', cache, vocab_size=300, sequence_length=8)
+  assert task.vocab == [f'w{i}' for i in range(300)] or len(task.vocab) == 300
+  x, y = next(iter(task.preprocess_train(
+      task.train_data.create_tf_dataset_for_client(task.train_data.client_ids[0]))))
+  assert x.shape[1] == 8 and y.shape[1] == 8
+  model = task.keras_model_fn()
+  assert model(x).shape[-1] == 300 + 4   # pad, oov, bos, eos
+  layers = [l for l in model.layers if l.weights]
+  assert [type(l).__name__ for l in layers] == ['Embedding', 'LSTM', 'Dense', 'Dense']
+  assert layers[0].output_dim == 96 and layers[1].units == 670 and layers[2].units == 96
+
+
+def test_word_accuracy_excludes_special_tokens(cache):
+  task = tasks.build_task('stackoverflow_word', cache, vocab_size=300, sequence_length=8)
+  accuracy = [m for m in task.metrics_fn() if m.name == 'accuracy'][0]
+  pad, oov, bos, eos = 0, 301, 302, 303
+  y_true = tf.constant([[5, 6, pad, oov, bos, eos]])
+  # Correct on the two real words, wrong on every special token.
+  predicted = tf.constant([[5, 6, 9, 9, 9, 9]])
+  accuracy.update_state(y_true, tf.one_hot(predicted, 304))
+  assert float(accuracy.result()) == pytest.approx(1.0)
+  accuracy.reset_state()
+  accuracy.update_state(y_true, tf.one_hot(tf.constant([[5, 7, pad, oov, bos, eos]]), 304))
+  assert float(accuracy.result()) == pytest.approx(0.5)
+
+
+def test_stackoverflow_tag_task(cache):
+  task = tasks.build_task('stackoverflow_tag', cache, word_vocab_size=300, tag_vocab_size=50)
+  x, y = next(iter(task.preprocess_train(
+      task.train_data.create_tf_dataset_for_client(task.train_data.client_ids[0]))))
+  assert x.shape[1] == 300 and y.shape[1] == 50
+  assert _param_count(task) == 300 * 50 + 50
+  assert list(task.tag_counts)[:1] and len(task.word_counts) == 300
+
+
+def test_unknown_task_and_missing_dir(tmp_path):
+  with pytest.raises(UserInputError, match='unknown --task'):
+    tasks.build_task('mnist', str(tmp_path))
+  with pytest.raises(UserInputError, match='does not exist'):
+    tasks.build_task('emnist', str(tmp_path / 'nope'))
+  with pytest.raises(UserInputError, match='emnist_all.sqlite not found'):
+    tasks.build_task('emnist', str(tmp_path))
+
+
+@pytest.mark.parametrize('damage', ['truncate', 'garbage', 'no_table', 'no_split'])
+def test_bad_database_is_one_clear_error(tmp_path, damage):
+  path = synthetic_data.write_emnist_cache(str(tmp_path), 3, 5, seed=0)
+  data = open(path, 'rb').read()
+  if damage == 'truncate':
+    open(path, 'wb').write(data[:len(data) // 2])
+  elif damage == 'garbage':
+    open(path, 'wb').write(b'\x00garbage' * 1000)
+  elif damage == 'no_table':
+    with sqlite3.connect(path) as con:
+      con.execute('DROP TABLE client_metadata')
+  else:
+    with sqlite3.connect(path) as con:
+      con.execute("DELETE FROM client_metadata WHERE split_name='all_test'")
+  with pytest.raises(UserInputError) as e:
+    tasks.build_task('emnist', str(tmp_path))
+  assert 'emnist_all.sqlite' in str(e.value)
+  assert '\n' not in str(e.value)
+
+
+def test_check_sqlite_file_accepts_generated(tmp_path):
+  path = synthetic_data.write_emnist_cache(str(tmp_path), 2, 3, seed=0)
+  data_files.check_sqlite_file(path, ('all_train', 'all_test'))
+
+
+def test_unknown_task_option_is_user_error(cache):
+  with pytest.raises(UserInputError, match='no option'):
+    tasks.build_task('emnist', cache, vocab_size=10)
+
+
+def test_missing_word_counts_is_user_error(tmp_path):
+  synthetic_data.write_stackoverflow_cache(str(tmp_path), num_train_clients=2,
+                                           examples_per_client=2, seed=0, vocab_size=50,
+                                           num_tags=45, num_topics=4)
+  os.remove(str(tmp_path / 'datasets' / 'stackoverflow.word_count'))
+  with pytest.raises(UserInputError, match='no download'):
+    tasks.build_task('stackoverflow_tag', str(tmp_path), word_vocab_size=50, tag_vocab_size=45)
+
+
+def _first_batch_labels(task):
+  ds = task.train_data.create_tf_dataset_for_client(task.train_data.client_ids[0])
+  return [str(row) for b in task.preprocess_train(ds) for row in b[1].numpy().tolist()]
+
+
+@pytest.mark.parametrize('name,options', [
+    ('emnist', {}), ('stackoverflow_tag', dict(word_vocab_size=300, tag_vocab_size=50))])
+def test_shuffle_seed_makes_client_data_order_reproducible(cache, name, options):
+  def run(seed):
+    task = tasks.build_task(name, cache, client_batch_size=4, shuffle_seed=seed, **options)
+    return _first_batch_labels(task)
+  assert run(7) == run(7)
+  unshuffled = tasks.build_task(name, cache, client_batch_size=4, shuffle_buffer_size=1,
+                                **options)
+  assert sorted(run(7)) == sorted(_first_batch_labels(unshuffled))
+
+
+def test_keras_model_fn_is_fresh_and_model_fn_is_tff_model(cache):
+  task = tasks.build_task('emnist', cache, only_digits=True)
+  assert task.keras_model_fn() is not task.keras_model_fn()
+  model = task.model_fn()
+  assert isinstance(model, tff.learning.models.VariableModel)
+  assert 'accuracy' in [m.name for m in task.metrics_fn()]
+
+
+def test_damaged_counts_archive_is_user_error_not_download(tmp_path):
+  archive = tmp_path / 'datasets' / 'stackoverflow.word_count.tar.bz2'
+  archive.parent.mkdir()
+  archive.write_bytes(b'BZh9 truncated')
+  with pytest.raises(UserInputError, match='sha256'):
+    vocab_lib.load_word_counts(str(tmp_path), vocab_size=10)
+
+
+def test_ensure_default_cache_builds_once(tmp_path, monkeypatch):
+  monkeypatch.setitem(synthetic_data.DEFAULT_SIZES, 'emnist',
+                      dict(num_train_clients=2, examples_per_client=3, num_test_clients=2))
+  synthetic_data.ensure_default_cache(str(tmp_path), 'emnist')
+  db = tmp_path / 'emnist_all.sqlite'
+  first = db.stat().st_mtime_ns
+  synthetic_data.ensure_default_cache(str(tmp_path), 'emnist')
+  assert db.stat().st_mtime_ns == first
+  with pytest.raises(UserInputError):
+    synthetic_data.ensure_default_cache(str(tmp_path), 'mnist')
