@@ -17,6 +17,10 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
+from absl import logging  # noqa: E402
+# TensorFlow must be imported before `app.run`: when first imported inside an absl main, Keras
+# fails to build any Sequential model with an input_shape (IndexError on `_inbound_nodes`).
+import tensorflow as tf  # noqa: E402,F401  pylint: disable=unused-import
 
 _TASKS = ('emnist', 'stackoverflow_word', 'stackoverflow_tag')
 
@@ -208,6 +212,9 @@ def main(argv):
   if len(argv) > 1:
     print(f'error: unexpected arguments {argv[1:]}', file=sys.stderr)
     return 2
+  if not flags.FLAGS['verbosity'].present:  # Keep the console to one line per round.
+    logging.set_verbosity(logging.WARNING)
+    tf.get_logger().setLevel('ERROR')
   import tff_dp  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   from tff_dp.errors import UserInputError  # pylint: disable=g-import-not-at-top
   from tff_dp.training import experiment  # pylint: disable=g-import-not-at-top

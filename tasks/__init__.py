@@ -1,11 +1,14 @@
 """Benchmark tasks (EMNIST, StackOverflow next-word and tag prediction) on TFF's loaders."""
 
+import inspect
 from typing import Optional
 
 import tensorflow_federated as tff
 
 from tasks.base import FederatedTask
 from tff_dp.errors import UserInputError
+
+__all__ = ['TASK_NAMES', 'FederatedTask', 'build_task']
 
 TASK_NAMES = ('emnist', 'stackoverflow_word', 'stackoverflow_tag')
 
@@ -14,8 +17,12 @@ def build_task(name: str, data_dir: str, *, client_batch_size: int = 20,
                client_epochs: int = 1, max_elements_per_client: Optional[int] = None,
                shuffle_buffer_size: Optional[int] = None, shuffle_seed: Optional[int] = None,
                **task_options) -> FederatedTask:
-  """Builds task `name` from the TFF cache in `data_dir` (never downloads)."""
-  del shuffle_seed  # Client-side shuffling follows TF's global seed (set by the runner).
+  """Builds task `name` from the TFF cache in `data_dir` (never downloads).
+
+  `shuffle_seed` (optional) makes the client-side shuffle of `preprocess_train` reproducible;
+  `task_options` are the task's own options (see `tasks.emnist.build`,
+  `tasks.stackoverflow.build_word_prediction` / `build_tag_prediction`).
+  """
   if name not in TASK_NAMES:
     raise UserInputError(f'unknown --task {name!r}; choose one of {", ".join(TASK_NAMES)}')
   if client_batch_size < 1 or client_epochs < 1:
@@ -28,8 +35,14 @@ def build_task(name: str, data_dir: str, *, client_batch_size: int = 20,
   # pylint: disable=g-import-not-at-top
   if name == 'emnist':
     from tasks import emnist
-    return emnist.build(data_dir, spec, **task_options)
-  from tasks import stackoverflow
-  if name == 'stackoverflow_word':
-    return stackoverflow.build_word_prediction(data_dir, spec, **task_options)
-  return stackoverflow.build_tag_prediction(data_dir, spec, **task_options)
+    builder = emnist.build
+  else:
+    from tasks import stackoverflow
+    builder = (stackoverflow.build_word_prediction if name == 'stackoverflow_word'
+               else stackoverflow.build_tag_prediction)
+  allowed = set(inspect.signature(builder).parameters) - {'data_dir', 'client_spec',
+                                                          'shuffle_seed'}
+  unknown = sorted(set(task_options) - allowed)
+  if unknown:
+    raise UserInputError(f'task {name!r} has no option(s) {unknown}; valid: {sorted(allowed)}')
+  return builder(data_dir, spec, shuffle_seed=shuffle_seed, **task_options)

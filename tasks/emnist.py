@@ -1,6 +1,7 @@
 """EMNIST character recognition: TFF's loader, preprocessing and `cnn_dropout` CNN."""
 
 import os
+from typing import Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -9,13 +10,16 @@ from tensorflow_federated.python.simulation.baselines.emnist import emnist_prepr
 
 from tasks import data_files
 from tasks.base import FederatedTask
+from tff_dp.errors import UserInputError
 
 DB_NAME = 'emnist_all.sqlite'   # What tff.simulation.datasets.emnist.load_data reads.
 
 
 def build(data_dir: str, client_spec: tff.simulation.baselines.ClientSpec,
-          only_digits: bool = False) -> FederatedTask:
+          only_digits: bool = False, shuffle_seed: Optional[int] = None) -> FederatedTask:
   """EMNIST-62 (or -10 with only_digits) via `tff.simulation.datasets.emnist.load_data`."""
+  if not isinstance(only_digits, bool):
+    raise UserInputError(f'emnist only_digits must be True or False, got {only_digits!r}')
   data_files.check_data_dir(data_dir)
   splits = ('digits_only_train', 'digits_only_test') if only_digits else ('all_train',
                                                                           'all_test')
@@ -28,7 +32,9 @@ def build(data_dir: str, client_spec: tff.simulation.baselines.ClientSpec,
       name='emnist',
       train_data=train,
       test_data=test,
-      preprocess_train=emnist_preprocessing.create_preprocess_fn(client_spec),
+      # TFF's `debug_seed` seeds the shuffle and makes the parallel map order deterministic.
+      preprocess_train=emnist_preprocessing.create_preprocess_fn(client_spec,
+                                                                 debug_seed=shuffle_seed),
       preprocess_eval=emnist_preprocessing.create_preprocess_fn(eval_spec),
       keras_model_fn=lambda: emnist_models.create_conv_dropout_model(only_digits=only_digits),
       loss_fn=lambda: tf.keras.losses.SparseCategoricalCrossentropy(),

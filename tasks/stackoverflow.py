@@ -5,10 +5,13 @@ download into ~/.keras); we compose the same pieces with the cache dir passed th
 """
 
 import os
+from typing import Optional
 
+import attrs
 import tensorflow as tf
 import tensorflow_federated as tff
 from tensorflow_federated.python.simulation.baselines import keras_metrics
+from tensorflow_federated.python.simulation.baselines.stackoverflow import constants
 from tensorflow_federated.python.simulation.baselines.stackoverflow import tag_prediction_preprocessing
 from tensorflow_federated.python.simulation.baselines.stackoverflow import word_prediction_models
 from tensorflow_federated.python.simulation.baselines.stackoverflow import word_prediction_preprocessing
@@ -29,6 +32,21 @@ def _load(data_dir):
   return train, test
 
 
+def _seeded(client_spec, shuffle_seed, make_preprocess_fn):
+  """TFF's train preprocessing, with its shuffle seeded when `shuffle_seed` is given.
+
+  TFF's StackOverflow preprocessing shuffles first (unseeded) and then repeats/takes/maps; we
+  do the same shuffle with a seed ourselves and pass a buffer of 1 so TFF skips its own.
+  """
+  if shuffle_seed is None:
+    return make_preprocess_fn(client_spec)
+  buffer = client_spec.shuffle_buffer_size or constants.DEFAULT_SHUFFLE_BUFFER_SIZE
+  inner = make_preprocess_fn(attrs.evolve(client_spec, shuffle_buffer_size=1))
+  if buffer <= 1:
+    return inner
+  return lambda ds: inner(ds.shuffle(buffer, seed=shuffle_seed))
+
+
 def _eval_spec(batch_size):
   return tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=batch_size,
                                              shuffle_buffer_size=1)
@@ -36,7 +54,8 @@ def _eval_spec(batch_size):
 
 def build_word_prediction(data_dir: str, client_spec, *, vocab_size: int = 10000,
                           sequence_length: int = 20, num_out_of_vocab_buckets: int = 1,
-                          embedding_size: int = 96, latent_size: int = 670) -> FederatedTask:
+                          embedding_size: int = 96, latent_size: int = 670,
+                          shuffle_seed: Optional[int] = None) -> FederatedTask:
   """Next-word prediction: Embedding(96) -> LSTM(670) -> Dense(96) -> Dense(vocab + special)."""
   if vocab_size < 1 or sequence_length < 1:
     raise UserInputError('vocab_size and sequence_length must be positive')
@@ -63,9 +82,11 @@ def build_word_prediction(data_dir: str, client_spec, *, vocab_size: int = 10000
       name='stackoverflow_word',
       train_data=train,
       test_data=test,
-      preprocess_train=word_prediction_preprocessing.create_preprocess_fn(
-          client_spec, vocab, sequence_length=sequence_length,
-          num_out_of_vocab_buckets=num_out_of_vocab_buckets),
+      preprocess_train=_seeded(
+          client_spec, shuffle_seed,
+          lambda spec: word_prediction_preprocessing.create_preprocess_fn(
+              spec, vocab, sequence_length=sequence_length,
+              num_out_of_vocab_buckets=num_out_of_vocab_buckets)),
       preprocess_eval=word_prediction_preprocessing.create_preprocess_fn(
           _eval_spec(64), vocab, sequence_length=sequence_length,
           num_out_of_vocab_buckets=num_out_of_vocab_buckets),
@@ -80,7 +101,8 @@ def build_word_prediction(data_dir: str, client_spec, *, vocab_size: int = 10000
 
 
 def build_tag_prediction(data_dir: str, client_spec, *, word_vocab_size: int = 10000,
-                         tag_vocab_size: int = 500) -> FederatedTask:
+                         tag_vocab_size: int = 500,
+                         shuffle_seed: Optional[int] = None) -> FederatedTask:
   """Tag prediction: normalized bag of words -> sigmoid logistic regression over tags."""
   if word_vocab_size < 1 or tag_vocab_size < 1:
     raise UserInputError('word_vocab_size and tag_vocab_size must be positive')
@@ -99,8 +121,10 @@ def build_tag_prediction(data_dir: str, client_spec, *, word_vocab_size: int = 1
       name='stackoverflow_tag',
       train_data=train,
       test_data=test,
-      preprocess_train=tag_prediction_preprocessing.create_preprocess_fn(
-          client_spec, word_vocab, tag_vocab),
+      preprocess_train=_seeded(
+          client_spec, shuffle_seed,
+          lambda spec: tag_prediction_preprocessing.create_preprocess_fn(
+              spec, word_vocab, tag_vocab)),
       preprocess_eval=tag_prediction_preprocessing.create_preprocess_fn(
           _eval_spec(100), word_vocab, tag_vocab),
       keras_model_fn=keras_model_fn,

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from tasks import emnist as emnist_task
 from tasks import stackoverflow as so_task
+from tff_dp.errors import UserInputError
 
 # Embedded default sizes: big enough to learn something in a demo, small enough for seconds.
 DEFAULT_SIZES = {
@@ -86,6 +87,7 @@ def write_sqlite(path: str, splits: Mapping[str, Mapping[str, Sequence[bytes]]])
         con.execute('INSERT INTO client_metadata VALUES (?, ?, ?)',
                     (client_id, split, len(protos)))
   con.close()
+  os.chmod(tmp, 0o644)   # mkstemp creates 0600; the cache may be shared.
   os.replace(tmp, path)
 
 
@@ -123,7 +125,11 @@ def write_emnist_cache(cache_dir: str, num_train_clients: int = 20, examples_per
     for i in range(n_clients):
       cid = f'f{i:04d}_{seed:02d}'
       shift = rng.normal(0, 0.05, size=(28, 28)).astype(np.float32)   # Writer style.
-      labels = rng.integers(0, 62, size=examples_per_client)
+      # About half the examples are digits, as in real EMNIST, so digits_only clients are
+      # not tiny.
+      labels = np.where(rng.uniform(size=examples_per_client) < 0.5,
+                        rng.integers(0, 10, size=examples_per_client),
+                        rng.integers(10, 62, size=examples_per_client))
       images = [np.clip(templates[l] + shift + rng.normal(0, noise, (28, 28)), 0, 1)
                 for l in labels]
       protos = [emnist_example(img, l) for img, l in zip(images, labels)]
@@ -153,7 +159,9 @@ def write_stackoverflow_cache(cache_dir: str, num_train_clients: int = 20,
   zipf = 1.0 / np.arange(1, vocab_size + 1)
   zipf /= zipf.sum()
   successor = rng.permutation(vocab_size)
-  topic_words = [rng.choice(np.arange(50, min(vocab_size, 2000)), size=10, replace=False)
+  # Topic words skip the most frequent Zipf words (when the vocabulary is large enough).
+  topic_pool = np.arange(min(50, vocab_size // 5), min(vocab_size, 2000))
+  topic_words = [rng.choice(topic_pool, size=min(10, len(topic_pool)), replace=False)
                  for _ in range(num_topics)]
   tag_names = [f't{i}' for i in range(num_tags)]
   word_users = collections.Counter()
@@ -202,9 +210,12 @@ def write_stackoverflow_cache(cache_dir: str, num_train_clients: int = 20,
 
 def ensure_default_cache(cache_dir: str, task_name: str) -> str:
   """Builds the embedded default dataset for `task_name` in `cache_dir` unless present."""
+  if task_name not in ('emnist', 'stackoverflow_word', 'stackoverflow_tag'):
+    raise UserInputError(f'no embedded dataset for task {task_name!r}')
   family = 'emnist' if task_name == 'emnist' else 'stackoverflow'
   marker = os.path.join(cache_dir, _MARKER.format(family))
-  if os.path.exists(marker):
+  db = emnist_task.DB_NAME if family == 'emnist' else so_task.DB_NAME
+  if os.path.exists(marker) and os.path.exists(os.path.join(cache_dir, db)):
     return cache_dir
   os.makedirs(cache_dir, exist_ok=True)
   if family == 'emnist':

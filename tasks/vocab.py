@@ -10,12 +10,28 @@ location and in the same format (which is what our synthetic caches ship).
 """
 
 import collections
+import hashlib
 import os
 from typing import Optional
 
 import tensorflow_federated as tff
 
 from tff_dp.errors import UserInputError
+
+
+# The sha256 TFF passes to `get_file`; a mismatching archive would make Keras re-download it.
+_ARCHIVE_SHA256 = {
+    'word': '1dc00256d6e527c54b9756d968118378ae14e6692c0b3b6cad470cdd3f0c519c',
+    'tag': '6fe281cec490d9384a290d560072438e7e2b377bbb823876ce7bd6f82696772d',
+}
+
+
+def _sha256(path: str) -> str:
+  digest = hashlib.sha256()
+  with open(path, 'rb') as f:
+    for chunk in iter(lambda: f.read(1 << 20), b''):
+      digest.update(chunk)
+  return digest.hexdigest()
 
 
 def _paths(cache_dir: str, kind: str):
@@ -41,6 +57,9 @@ def parse_counts_file(path: str, limit: Optional[int] = None) -> collections.Ord
 def _load(cache_dir: str, kind: str, limit: Optional[int]):
   archive, extracted = _paths(cache_dir, kind)
   if os.path.exists(archive):
+    if _sha256(archive) != _ARCHIVE_SHA256[kind]:
+      raise UserInputError(f'{archive} does not match TFF\'s sha256 (corrupt or truncated); '
+                           'delete it or replace it with the original; no download is attempted')
     if kind == 'word':
       return tff.simulation.datasets.stackoverflow.load_word_counts(
           cache_dir=cache_dir, vocab_size=limit)

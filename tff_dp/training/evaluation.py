@@ -16,7 +16,10 @@ class CentralizedEvaluator:
   def __init__(self, keras_model_fn: Callable[[], tf.keras.Model], loss_fn, metrics_fn,
                eval_dataset: tf.data.Dataset):
     self._model = keras_model_fn()
-    self._model.compile(loss=loss_fn(), metrics=metrics_fn())
+    # A plain loop instead of compile()/evaluate(): no Keras training-loop machinery (and no
+    # retracing) per evaluation, and the same example-weighted means.
+    self._loss_fn = loss_fn()
+    self._metrics = metrics_fn()
     self._dataset = eval_dataset.cache()
     self._num_trainable = len(self._model.trainable_weights)
 
@@ -29,8 +32,20 @@ class CentralizedEvaluator:
 
   def evaluate(self, flat_weights: Sequence[np.ndarray]) -> dict[str, float]:
     self._assign(flat_weights)
-    results = self._model.evaluate(self._dataset, verbose=0, return_dict=True)
-    return {k: float(v) for k, v in results.items()}
+    for metric in self._metrics:
+      metric.reset_state()
+    loss_sum, num_examples = 0.0, 0
+    for x, y in self._dataset:
+      predictions = self._model(x, training=False)
+      batch = int(tf.shape(y)[0])
+      # Example-weighted mean of the per-batch loss (as Keras' evaluate reports it).
+      loss_sum += float(self._loss_fn(y, predictions)) * batch
+      num_examples += batch
+      for metric in self._metrics:
+        metric.update_state(y, predictions)
+    results = {'loss': loss_sum / max(num_examples, 1)}
+    results.update({m.name: float(m.result()) for m in self._metrics})
+    return results
 
   def predict_scores(self, flat_weights: Sequence[np.ndarray], max_examples: int = 1000):
     """Per-example predicted scores, flattened per example (for last-k uncertainty)."""
