@@ -124,6 +124,17 @@ def _wrap_sampling(record: ledger.RoundRecord, neighboring_relation: str,
       source_dataset_size=int(s.population_size), sample_size=int(s.sample_size), event=inner)
 
 
+def _multipliers_or_special_event(record: ledger.RoundRecord, neighboring_relation: str):
+  """(noise multipliers, None), or (None, event) when the round is non-private or a no-op."""
+  check_relation(neighboring_relation)
+  multipliers = _gaussian_noise_multipliers(record, neighboring_relation)
+  if multipliers is None:
+    return None, dp_accounting.NonPrivateDpEvent()
+  if not multipliers:
+    return None, dp_accounting.NoOpDpEvent()
+  return multipliers, None
+
+
 def record_to_dp_event(record: ledger.RoundRecord,
                        neighboring_relation: str = 'add_remove') -> dp_accounting.DpEvent:
   """The DpEvent of one round (Contract 2), with every number a Python float/int.
@@ -133,12 +144,9 @@ def record_to_dp_event(record: ledger.RoundRecord,
   replace-one), `NonPrivateDpEvent` if a query with positive clip had zero noise, and
   `NoOpDpEvent` if no query touched the data.
   """
-  check_relation(neighboring_relation)
-  multipliers = _gaussian_noise_multipliers(record, neighboring_relation)
-  if multipliers is None:
-    return dp_accounting.NonPrivateDpEvent()
-  if not multipliers:
-    return dp_accounting.NoOpDpEvent()
+  multipliers, special = _multipliers_or_special_event(record, neighboring_relation)
+  if special is not None:
+    return special
   inner = dp_accounting.ComposedDpEvent(
       events=[dp_accounting.GaussianDpEvent(noise_multiplier=z) for z in multipliers])
   return _wrap_sampling(record, neighboring_relation, inner)
@@ -169,12 +177,9 @@ def collapsed_dp_event(record: ledger.RoundRecord,
   Equivalent to `record_to_dp_event` (exactly so when `noise_multiplier_digits` is None;
   otherwise z_eff is rounded down, which is conservative). Accepted by both RDP and PLD.
   """
-  check_relation(neighboring_relation)
-  multipliers = _gaussian_noise_multipliers(record, neighboring_relation)
-  if multipliers is None:
-    return dp_accounting.NonPrivateDpEvent()
-  if not multipliers:
-    return dp_accounting.NoOpDpEvent()
+  multipliers, special = _multipliers_or_special_event(record, neighboring_relation)
+  if special is not None:
+    return special
   z = _round_down(effective_noise_multiplier(multipliers), noise_multiplier_digits)
   return _wrap_sampling(record, neighboring_relation, dp_accounting.GaussianDpEvent(z))
 

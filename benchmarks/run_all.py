@@ -1,0 +1,29 @@
+"""Runs every benchmark in sequence (`make bench`); each prints its own ratios from one run."""
+
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCHMARKS = [
+    ['bench_rounds.py'],                  # s/round per task; DP vs plain FedAvg
+    ['bench_adaptive_vs_tff.py'],         # our adaptive factory vs TFF's gaussian_adaptive
+    ['bench_accountant.py'],              # incremental epsilon over a 10,000-round ledger
+    ['bench_adadps.py'],                  # AdaDPS vs DP-FedAvg (sparse toy + StackOverflow tag)
+    ['bench_checkpoint_aggregation.py'],  # EMA / past-k costs
+]
+
+
+def main():
+  env = dict(os.environ, PYTHONPATH=os.path.dirname(HERE), TF_CPP_MIN_LOG_LEVEL='3')
+  failed = []
+  for args in BENCHMARKS:
+    print(f'\n=== {" ".join(args)} ===', flush=True)
+    if subprocess.call([sys.executable, os.path.join(HERE, args[0])] + args[1:], env=env):
+      failed.append(args[0])
+  if failed:
+    sys.exit(f'failed: {", ".join(failed)}')
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,71 @@
+"""The training loop's privacy behaviour: --max_epsilon, and post-processing leaves the ledger alone."""
+
+import csv
+import json
+import os
+
+import pytest
+
+import tasks
+from tasks import synthetic_data
+from tff_dp import ledger as ledger_lib
+from tff_dp.accounting import accountant as accountant_lib
+from tff_dp.training import experiment
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp('cache'))
+  synthetic_data.write_stackoverflow_cache(path, num_train_clients=20, examples_per_client=8,
+                                           seed=1, vocab_size=200, num_tags=30, num_topics=5)
+  return path
+
+
+def _task(data_dir):
+  return tasks.build_task('stackoverflow_tag', data_dir, client_batch_size=8, shuffle_seed=0,
+                          word_vocab_size=200, tag_vocab_size=30)
+
+
+def _run(data_dir, root, name, **overrides):
+  cfg = dict(root_output_dir=str(root), experiment_name=name, total_rounds=4,
+             clients_per_round=5, dp='fixed', clip=1.0, noise_multiplier=0.8,
+             max_eval_examples=50, accounting=('rdp',), seed=3)
+  cfg.update(overrides)
+  summary = experiment.run(experiment.ExperimentConfig(**cfg), _task(data_dir),
+                           log=lambda s: None)
+  with open(os.path.join(summary['run_dir'], 'metrics.csv'), newline='') as f:
+    rows = list(csv.DictReader(f))
+  records = ledger_lib.read_ledger(os.path.join(summary['run_dir'], 'ledger.jsonl'))
+  return summary, rows, records
+
+
+def test_max_epsilon_stops_before_the_round_that_would_exceed_it(data_dir, tmp_path):
+  _, full_rows, full_records = _run(data_dir, tmp_path, 'full', total_rounds=6)
+  eps = [float(r['epsilon_rdp']) for r in full_rows]
+  limit = (eps[2] + eps[3]) / 2          # Round 3 fits under the limit, round 4 would not.
+  summary, rows, records = _run(data_dir, tmp_path, 'capped', total_rounds=6, max_epsilon=limit)
+  assert summary['stopped_by_max_epsilon']
+  assert summary['rounds_completed'] == 3
+  assert [int(r['round']) for r in rows] == [1, 2, 3]
+  assert len(records) == 3 and max(float(r['epsilon_rdp']) for r in rows) <= limit
+  # Independent check: a fourth round with the same mechanism would have crossed the limit.
+  with open(tmp_path / 'full' / 'config.json') as f:
+    delta = json.load(f)['delta_used']
+  curve = accountant_lib.epsilon_curve(full_records[:4], delta=delta, methods=('rdp',))
+  assert curve[3]['epsilon_rdp'] > limit
+
+
+def test_checkpoint_aggregation_and_preconditioning_leave_ledger_unchanged(data_dir, tmp_path):
+  _, base_rows, base_records = _run(data_dir, tmp_path, 'base')
+  _, agg_rows, agg_records = _run(
+      data_dir, tmp_path, 'aggregates', ema_beta=0.9, past_k=2, train_on_aggregate='ema',
+      aggregate_start_round=2, uncertainty_last_k=3)
+  _, pre_rows, pre_records = _run(data_dir, tmp_path, 'adadps', precondition='client',
+                                  side_info='word_freq')
+  assert base_records == agg_records == pre_records     # Same sampling, same queries.
+  for rows in (agg_rows, pre_rows):
+    assert [r['epsilon_rdp'] for r in rows] == [r['epsilon_rdp'] for r in base_rows]
+  # ...while the post-processing really happened.
+  assert 'eval_ema_accuracy' in agg_rows[-1] and agg_rows[-1]['trained_from_aggregate'] == '1'
+  assert os.path.exists(tmp_path / 'aggregates' / 'uncertainty.json')
+  assert [r['train_loss'] for r in pre_rows] != [r['train_loss'] for r in base_rows]
