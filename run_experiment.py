@@ -120,7 +120,7 @@ _PRECONDITION = flags.DEFINE_enum(
     'AdaDPS: precondition the local SGD steps (client) or the update before clipping (server).')
 _SIDE_INFO = flags.DEFINE_string(
     'side_info', 'word_freq',
-    'AdaDPS side information: word_freq (public StackOverflow word counts), public_clients '
+    'AdaDPS side information: word_freq or tag_freq (public StackOverflow counts), public_clients '
     '(second moments on --num_public_clients held-out clients) or file:PATH (.npy/.npz).')
 _PRECOND_CAP = flags.DEFINE_float(
     'precondition_cap', 1000.0, 'AdaDPS frequency preconditioner: cap on max(freq)/freq.')

@@ -51,8 +51,11 @@ def bench_task(name, data_dir, clients, rounds):
   for k, p in arms.items():  # Warm-up: tracing and first-call costs are not round time.
     states[k] = p.next(states[k], datasets).state
   times = {k: [] for k in arms}
-  for _ in range(rounds):
-    for k, p in arms.items():
+  names = list(arms)
+  for i in range(rounds):
+    # Rotate the arm order every round so position effects do not favour one arm.
+    for k in names[i % len(names):] + names[:i % len(names)]:
+      p = arms[k]
       t0 = time.perf_counter()
       states[k] = p.next(states[k], datasets).state
       times[k].append(time.perf_counter() - t0)
