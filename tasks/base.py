@@ -1,6 +1,7 @@
 """The task interface the library consumes (docs/ARCHITECTURE.md, Contract 3)."""
 
 import dataclasses
+import functools
 from typing import Any, Callable, Optional
 
 import tensorflow as tf
@@ -22,17 +23,13 @@ class FederatedTask:
   tag_counts: Optional[dict] = None
   vocab: Optional[list] = None
 
-  @property
+  @functools.cached_property
   def input_spec(self):
+    """Element spec of a preprocessed training dataset (computed once: it reads a client)."""
     example = self.train_data.create_tf_dataset_for_client(self.train_data.client_ids[0])
     return self.preprocess_train(example).element_spec
 
   def model_fn(self) -> tff.learning.models.VariableModel:
     return tff.learning.models.from_keras_model(
-        self.keras_model_fn(), loss=self.loss_fn(), input_spec=self._input_spec_cached(),
+        self.keras_model_fn(), loss=self.loss_fn(), input_spec=self.input_spec,
         metrics=self.metrics_fn())
-
-  def _input_spec_cached(self):
-    if not hasattr(self, '_spec'):
-      object.__setattr__(self, '_spec', self.input_spec)
-    return self._spec
