@@ -128,17 +128,19 @@ def run_training(config: LoopConfig, c: LoopComponents) -> dict[str, Any]:
 
   if c.run_dir.resume:
     structure = _program_state(state, 0, c.aggregates, [])
-    loaded, ckpt_round = c.run_dir.load_latest_checkpoint(structure)
+    loaded, _ = c.run_dir.load_latest_checkpoint(structure)
     if loaded is not None:
       state = loaded['state']
       for name, agg in c.aggregates.items():
         agg.set_state(loaded['aggregates'][name])
       recent.extend(list(loaded['recent']))
       start_round = int(loaded['round_num']) + 1
-      moved = c.run_dir.metrics.move_rows_after(
-          start_round - 1, c.run_dir.file('metrics.superseded.csv'))
-      c.log(f'resumed from checkpoint of round {start_round - 1}'
-            + (f' ({moved} later metric rows moved to metrics.superseded.csv)' if moved else ''))
+    # Rows of rounds after the checkpoint (or of every round, if none was saved yet) are kept
+    # aside: those rounds are re-executed.
+    moved = c.run_dir.metrics.move_rows_after(
+        start_round - 1, c.run_dir.file('metrics.superseded.csv'))
+    c.log(f'resuming at round {start_round}'
+          + (f' ({moved} later metric rows moved to metrics.superseded.csv)' if moved else ''))
     if c.ledger is not None:
       records = _reconcile_ledger(c, start_round - 1)
       for record in records:
