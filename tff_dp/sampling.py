@@ -31,24 +31,23 @@ def _check_population(client_ids: Sequence[Hashable]) -> List[Hashable]:
   return ids
 
 
-def _check_seed(seed) -> int:
+def _non_negative_int(value, name: str) -> int:
   try:
-    seed = operator.index(seed)
+    value = operator.index(value)
   except TypeError:
-    raise errors.UserInputError(f'seed must be an integer, got {seed!r}.') from None
-  if seed < 0:
-    raise errors.UserInputError(f'seed must be non-negative, got {seed}.')
-  return int(seed)
+    raise errors.UserInputError(f'{name} must be an integer, got {value!r}.') from None
+  if value < 0:
+    raise errors.UserInputError(f'{name} must be non-negative, got {value}.')
+  return int(value)
+
+
+def _check_seed(seed) -> int:
+  return _non_negative_int(seed, 'seed')
 
 
 def _rng(seed: int, round_num) -> np.random.Generator:
-  try:
-    round_num = operator.index(round_num)
-  except TypeError:
-    raise errors.UserInputError(f'round_num must be an integer, got {round_num!r}.') from None
-  if round_num < 0:
-    raise errors.UserInputError(f'round_num must be non-negative, got {round_num}.')
-  return np.random.default_rng([seed, int(round_num)])
+  round_num = _non_negative_int(round_num, 'round_num')
+  return np.random.default_rng([seed, round_num])
 
 
 class PoissonSampler:

@@ -21,7 +21,6 @@ class CentralizedEvaluator:
     self._loss_fn = loss_fn()
     self._metrics = metrics_fn()
     self._dataset = eval_dataset.cache()
-    self._num_trainable = len(self._model.trainable_weights)
 
   def _assign(self, flat_weights: Sequence[np.ndarray]) -> None:
     variables = list(self._model.trainable_weights) + list(self._model.non_trainable_weights)

@@ -5,10 +5,8 @@ output of the round (metrics, console, checkpoint) is released, so the ledger ne
 """
 
 import collections
-import csv
 import dataclasses
 import math
-import os
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -18,6 +16,7 @@ from tff_dp import ledger as ledger_lib
 from tff_dp.aggregators import privacy_queries as privacy_queries_lib
 from tff_dp.training import evaluation
 from tff_dp.training import plots
+from tff_dp.training import run_dir as run_dir_lib
 
 
 @dataclasses.dataclass
@@ -94,7 +93,8 @@ def _reconcile_ledger(c: LoopComponents, checkpoint_round: int):
   """
   records = ledger_lib.read_ledger(c.ledger.path)
   released_rounds = {int(r['round']) for r in c.run_dir.metrics.read_rows()}
-  released_rounds |= {int(r['round']) for r in _superseded_rows(c)}
+  superseded = run_dir_lib.MetricsCsv(c.run_dir.file('metrics.superseded.csv'))
+  released_rounds |= {int(r['round']) for r in superseded.read_rows()}
   unreleased = [r for r in records
                 if r.round_num > checkpoint_round and r.round_num not in released_rounds]
   if unreleased:
@@ -108,14 +108,6 @@ def _reconcile_ledger(c: LoopComponents, checkpoint_round: int):
     c.log('ledger: rounds after the checkpoint released metrics before the crash; they stay '
           'counted and their re-execution is counted again (conservative)')
   return records
-
-
-def _superseded_rows(c: LoopComponents):
-  path = c.run_dir.file('metrics.superseded.csv')
-  if not os.path.exists(path):
-    return []
-  with open(path, newline='') as f:
-    return list(csv.DictReader(f))
 
 
 def run_training(config: LoopConfig, c: LoopComponents) -> dict[str, Any]:
@@ -190,7 +182,14 @@ def run_training(config: LoopConfig, c: LoopComponents) -> dict[str, Any]:
       for method, eps in c.accountant.epsilon().items():
         row[f'epsilon_{method}'] = eps
 
-    weights = evaluation.flat_model_weights(process.get_model_weights(state))
+    is_last = round_num == config.total_rounds
+    is_eval_round = c.evaluator is not None and (
+        round_num % config.rounds_per_eval == 0 or is_last)
+    # Reading the model out of the TFF state is a computation call: only when something uses it.
+    needs_weights = (is_eval_round or c.aggregates or config.uncertainty_last_k
+                     or c.train_on_aggregate is not None)
+    weights = (evaluation.flat_model_weights(process.get_model_weights(state))
+               if needs_weights else None)
     for agg in c.aggregates.values():
       agg.update(weights)
     if config.uncertainty_last_k:
@@ -201,8 +200,7 @@ def run_training(config: LoopConfig, c: LoopComponents) -> dict[str, Any]:
         state = c.train_on_aggregate.apply(process, state, start_weights)
         row['trained_from_aggregate'] = 1
 
-    is_last = round_num == config.total_rounds
-    if c.evaluator is not None and (round_num % config.rounds_per_eval == 0 or is_last):
+    if is_eval_round:
       for name, value in c.evaluator.evaluate(weights).items():
         row[f'eval_{name}'] = value
       for agg_name, agg in c.aggregates.items():
