@@ -49,6 +49,10 @@ _TOTAL_ROUNDS = flags.DEFINE_integer('total_rounds', 20, 'Number of training rou
 _CLIENTS_PER_ROUND = flags.DEFINE_integer(
     'clients_per_round', 10,
     'Clients per round: the sample size (fixed_size) or its expectation (poisson).')
+_MAX_TRAIN_CLIENTS = flags.DEFINE_integer(
+    'max_train_clients', None,
+    'Train on only the first N training clients in the dataset\'s client order (e.g. the 400-'
+    'client StackOverflow subset of the AdaDPS federated experiment); unset: all clients.')
 _CLIENT_SAMPLING = flags.DEFINE_enum(
     'client_sampling', 'poisson', ['poisson', 'fixed_size'],
     'How clients are drawn each round. poisson: each client independently with probability '
@@ -64,6 +68,16 @@ _CLIENT_BATCH_SIZE = flags.DEFINE_integer('client_batch_size', 20, 'Local batch 
 _MAX_ELEMENTS = flags.DEFINE_integer(
     'max_elements_per_client', None,
     'Cap on examples each client uses per round (after repeating epochs); unset: all.')
+_CLIENT_CACHE_SIZE = flags.DEFINE_integer(
+    'client_cache_size', 1000,
+    'Preprocessed client datasets kept in memory across rounds (LRU; 0: rebuild every time).')
+_PREFETCH_CLIENTS = flags.DEFINE_bool(
+    'prefetch_clients', True,
+    'Build the next round\'s client datasets in a background thread while a round runs.')
+_MAX_CONCURRENT = flags.DEFINE_integer(
+    'max_concurrent_computation_calls', -1,
+    'Clients the TFF C++ worker trains concurrently (<= 0: all of a round\'s clients at once, '
+    'TFF\'s default and the fastest; a cap bounds memory with many clients per round).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed for client sampling, model init and noise.')
 
 # Optimizers.
@@ -110,7 +124,7 @@ _MAX_EPSILON = flags.DEFINE_float(
 _ACCOUNTING = flags.DEFINE_list(
     'accounting', ['rdp', 'pld'], 'Accountants that report epsilon each round (rdp, pld).')
 _PLD_EVERY = flags.DEFINE_integer(
-    'pld_every', 1,
+    'pld_every', 10,
     'Report PLD epsilon every N rounds (PLD costs ~0.25 s per report; RDP is reported every '
     'round). Rerun `python -m tff_dp.accounting` on the ledger for a full PLD curve.')
 
@@ -128,6 +142,16 @@ _PRECOND_DIVISION = flags.DEFINE_float(
     'precondition_division', 1.0, 'AdaDPS frequency preconditioner: divisor of the scales.')
 _PRECOND_EPS = flags.DEFINE_float(
     'precondition_eps', 1e-8, 'AdaDPS second-moment preconditioner: eps in 1/sqrt(v + eps).')
+_PRECONDITIONER = flags.DEFINE_enum(
+    'preconditioner', 'auto', ['auto', 'frequency', 'rank', 'second_moment', 'direct'],
+    'AdaDPS preconditioner built from the side information. auto: frequency for word/tag '
+    'counts, second_moment for public_clients, direct for a scales file. rank: the '
+    '--precondition_num_frequent most frequent tokens keep scale 1, all others get '
+    '--precondition_rare_scale (the AdaDPS federated code: 100 and 200).')
+_PRECOND_NUM_FREQUENT = flags.DEFINE_integer(
+    'precondition_num_frequent', 100, 'AdaDPS rank preconditioner: tokens left unscaled.')
+_PRECOND_RARE_SCALE = flags.DEFINE_float(
+    'precondition_rare_scale', 200.0, 'AdaDPS rank preconditioner: scale of the other tokens.')
 _NUM_PUBLIC_CLIENTS = flags.DEFINE_integer(
     'num_public_clients', 10,
     'AdaDPS public_clients: first N clients held out from training as public data.')
@@ -155,9 +179,39 @@ _ROUNDS_PER_EVAL = flags.DEFINE_integer('rounds_per_eval', 1, 'Evaluate every N 
 _MAX_EVAL_EXAMPLES = flags.DEFINE_integer(
     'max_eval_examples', 2000, 'Test examples used per evaluation (0: all).')
 _ROUNDS_PER_CHECKPOINT = flags.DEFINE_integer(
-    'rounds_per_checkpoint', 1, 'Checkpoint every N rounds (resume restarts from the last one).')
+    'rounds_per_checkpoint', 10,
+    'Checkpoint every N rounds. A resume restarts after the last checkpoint; rounds after it that '
+    'had already released metrics are re-executed and counted again in the ledger (conservative). '
+    '1: exact resume, at ~0.3 s per round for the SavedModel write.')
 _RESUME = flags.DEFINE_bool(
     'resume', False, 'Continue the run in ROOT_OUTPUT_DIR/EXPERIMENT_NAME from its checkpoint.')
+
+# What the run reproduces: recorded in config.json and read by `python -m tff_dp.tables`.
+_PAPER_TABLE = flags.DEFINE_string(
+    'paper_table', '', 'Paper table this run reproduces, e.g. "Andrew et al. 2021, Table 2" '
+    '(set by the flag files in experiments/).')
+_PAPER_ARM = flags.DEFINE_string(
+    'paper_arm', '', 'Row/arm of --paper_table this run reproduces, e.g. "adaptive, z=0.1".')
+_PAPER_NOTE = flags.DEFINE_string(
+    'paper_note', '', 'Free-text remark on the paper\'s numbers, shown under the table.')
+_PAPER_RESULTS = flags.DEFINE_list(
+    'paper_results', [],
+    'The paper\'s numbers for this arm as key=value pairs: accuracy (or another eval metric '
+    'name, e.g. ema_accuracy), epsilon, delta, rounds. Example: accuracy=0.83,epsilon=5,delta=1e-6')
+
+
+def _paper_results():
+  from tff_dp.errors import UserInputError  # pylint: disable=g-import-not-at-top
+  results = {}
+  for item in _PAPER_RESULTS.value:
+    key, sep, value = item.partition('=')
+    try:
+      if not sep or not key.strip():
+        raise ValueError
+      results[key.strip()] = float(value)
+    except ValueError:
+      raise UserInputError(f'--paper_results: expected key=number, got {item!r}') from None
+  return results
 
 
 def _config():
@@ -167,10 +221,12 @@ def _config():
   return experiment.ExperimentConfig(
       root_output_dir=_ROOT_OUTPUT_DIR.value, experiment_name=name, resume=_RESUME.value,
       seed=_SEED.value, total_rounds=_TOTAL_ROUNDS.value,
-      clients_per_round=_CLIENTS_PER_ROUND.value, client_sampling=_CLIENT_SAMPLING.value,
+      clients_per_round=_CLIENTS_PER_ROUND.value, max_train_clients=_MAX_TRAIN_CLIENTS.value,
+      client_sampling=_CLIENT_SAMPLING.value,
       weighting=_WEIGHTING.value, rounds_per_eval=_ROUNDS_PER_EVAL.value,
       rounds_per_checkpoint=_ROUNDS_PER_CHECKPOINT.value,
       max_eval_examples=_MAX_EVAL_EXAMPLES.value,
+      client_cache_size=_CLIENT_CACHE_SIZE.value, prefetch_clients=_PREFETCH_CLIENTS.value,
       client_optimizer=_CLIENT_OPT.value, client_learning_rate=_CLIENT_LR.value,
       server_optimizer=_SERVER_OPT.value, server_learning_rate=_SERVER_LR.value,
       server_momentum=_SERVER_MOMENTUM.value,
@@ -181,11 +237,15 @@ def _config():
       max_epsilon=_MAX_EPSILON.value, accounting=tuple(_ACCOUNTING.value), pld_every=_PLD_EVERY.value,
       precondition=_PRECONDITION.value, side_info=_SIDE_INFO.value,
       precondition_cap=_PRECOND_CAP.value, precondition_division=_PRECOND_DIVISION.value,
-      precondition_eps=_PRECOND_EPS.value, num_public_clients=_NUM_PUBLIC_CLIENTS.value,
+      precondition_eps=_PRECOND_EPS.value, preconditioner=_PRECONDITIONER.value,
+      precondition_num_frequent=_PRECOND_NUM_FREQUENT.value,
+      precondition_rare_scale=_PRECOND_RARE_SCALE.value, num_public_clients=_NUM_PUBLIC_CLIENTS.value,
       ema_beta=_EMA_BETA.value, past_k=_PAST_K.value,
       train_on_aggregate=_TRAIN_ON_AGGREGATE.value,
       aggregate_start_round=_AGGREGATE_START_ROUND.value,
-      uncertainty_last_k=_UNCERTAINTY_LAST_K.value)
+      uncertainty_last_k=_UNCERTAINTY_LAST_K.value,
+      paper_table=_PAPER_TABLE.value, paper_arm=_PAPER_ARM.value, paper_note=_PAPER_NOTE.value,
+      paper_results=_paper_results())
 
 
 def _task():
@@ -223,6 +283,9 @@ def main(argv):
       raise UserInputError(f'unknown --task {_TASK.value!r}; choose one of {", ".join(_TASKS)}')
     cfg = _config()
     cfg.validate()   # Cheap checks first: no data is loaded for a bad command line.
+    from tff_dp import runtime  # pylint: disable=g-import-not-at-top
+    runtime.configure_execution_context(
+        max_concurrent_computation_calls=_MAX_CONCURRENT.value)
     summary = experiment.run(cfg, _task())
   except UserInputError as e:
     print(f'error: {e}', file=sys.stderr)

@@ -113,7 +113,7 @@ def test_killed_run_resumes_with_identical_epsilon_curve(dp, data_dir, tmp_path)
             f'--dp={dp}', '--clip=0.5', '--noise_multiplier=0.2', '--clients_per_round=5',
             '--clipped_count_stddev=1.0', '--total_rounds=5', '--max_eval_examples=100',
             '--client_batch_size=10', '--max_elements_per_client=40', '--delta=1e-4',
-            f'--root_output_dir={tmp_path}']
+            '--rounds_per_checkpoint=1', '--pld_every=1', f'--root_output_dir={tmp_path}']
   full = _cli(common + ['--experiment_name=full'], tmp_path / 'full.log')
   assert full.wait(timeout=600) == 0, (tmp_path / 'full.log').read_text()
 

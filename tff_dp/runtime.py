@@ -120,3 +120,20 @@ def install_shutdown_hooks() -> None:
       signal.signal(signal.SIGTERM, _on_sigterm)
     except ValueError:
       pass  # Not the main thread; atexit still covers normal exit.
+
+
+def configure_execution_context(*, max_concurrent_computation_calls: int = -1,
+                                default_num_clients: int = 0) -> None:
+  """Installs TFF's local C++ execution context with the given client concurrency.
+
+  The C++ worker runs the clients of a round as concurrent calls of the client computation;
+  `max_concurrent_computation_calls` caps how many run at once (<= 0: no cap, TFF's default,
+  so all clients of a round run in parallel on the worker's TensorFlow thread pools). A cap
+  bounds peak memory with many clients per round at the cost of wall time. Any live worker
+  is stopped first: the new context starts its own on the next computation.
+  """
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  shutdown_workers()
+  tff.backends.native.set_sync_local_cpp_execution_context(
+      default_num_clients=default_num_clients,
+      max_concurrent_computation_calls=max_concurrent_computation_calls)

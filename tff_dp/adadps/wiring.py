@@ -50,12 +50,14 @@ def side_info_for_task(task, side_info: str, *, public_client_ids: Sequence[str]
 
 def scales_for_task(task, side_info: str, *, public_client_ids: Sequence[str] = (),
                     cap: float = 1000.0, division: float = 1.0, eps: float = 1e-8,
-                    preconditioner: str = 'auto', **side_info_kwargs) -> list[np.ndarray]:
+                    preconditioner: str = 'auto', num_frequent: int = 100,
+                    rare_scale: float = 200.0, **side_info_kwargs) -> list[np.ndarray]:
   """`--side_info` + preconditioner hyperparameters -> per-weight scales for `task`."""
   info = side_info_for_task(task, side_info, public_client_ids=public_client_ids,
                             **side_info_kwargs)
   return precond_lib.build_scales(info, preconditioner=preconditioner, cap=cap,
-                                  division=division, eps=eps)
+                                  division=division, eps=eps, num_frequent=num_frequent,
+                                  rare_scale=rare_scale)
 
 
 def client_optimizer(name: str, learning_rate: float, scales: Sequence[np.ndarray]):

@@ -32,11 +32,14 @@ class ExperimentConfig:
   # Rounds and clients.
   total_rounds: int = 20
   clients_per_round: int = 10
+  max_train_clients: Optional[int] = None   # Only the first N training clients (a subset).
   client_sampling: str = 'poisson'          # poisson | fixed_size
   weighting: str = 'uniform'                # uniform | num_examples (non-DP only)
   rounds_per_eval: int = 1
-  rounds_per_checkpoint: int = 1
+  rounds_per_checkpoint: int = 10
   max_eval_examples: int = 2000
+  client_cache_size: int = 1000             # Preprocessed client datasets kept in memory.
+  prefetch_clients: bool = True             # Build the next round's datasets during a round.
   # Optimizers.
   client_optimizer: str = 'sgd'
   client_learning_rate: float = 0.1
@@ -55,13 +58,16 @@ class ExperimentConfig:
   delta: Optional[float] = None
   max_epsilon: Optional[float] = None
   accounting: tuple = ('rdp', 'pld')
-  pld_every: int = 1
+  pld_every: int = 10
   # AdaDPS.
   precondition: str = 'none'                # none | client | server
   side_info: str = 'word_freq'              # word_freq | public_clients | file:PATH
   precondition_cap: float = 1000.0
   precondition_division: float = 1.0
   precondition_eps: float = 1e-8
+  preconditioner: str = 'auto'              # auto | frequency | rank | second_moment | direct
+  precondition_num_frequent: int = 100      # rank: the most frequent tokens keep scale 1 ...
+  precondition_rare_scale: float = 200.0    # ... and all others get this scale.
   num_public_clients: int = 10
   # Checkpoint aggregation.
   ema_beta: Optional[float] = None
@@ -69,6 +75,11 @@ class ExperimentConfig:
   train_on_aggregate: str = 'none'
   aggregate_start_round: int = 0
   uncertainty_last_k: int = 0
+  # What this run reproduces (recorded in config.json for `python -m tff_dp.tables`).
+  paper_table: str = ''                     # e.g. 'Andrew et al. 2021, Table 2 (EMNIST)'
+  paper_arm: str = ''                       # e.g. 'adaptive, z=0.1'
+  paper_results: dict = dataclasses.field(default_factory=dict)  # e.g. {'accuracy': 0.83}
+  paper_note: str = ''                      # Free text shown under the table.
 
   def validate(self) -> None:
     """Raises UserInputError naming the first bad setting."""
@@ -79,6 +90,10 @@ class ExperimentConfig:
     need(self.clients_per_round >= 1,
          f'--clients_per_round must be a positive integer, got {self.clients_per_round}')
     need(self.rounds_per_eval >= 1, f'--rounds_per_eval must be >= 1, got {self.rounds_per_eval}')
+    need(self.max_train_clients is None or self.max_train_clients >= 1,
+         f'--max_train_clients must be >= 1 when set, got {self.max_train_clients}')
+    need(self.client_cache_size >= 0,
+         f'--client_cache_size must be >= 0, got {self.client_cache_size}')
     need(self.rounds_per_checkpoint >= 1,
          f'--rounds_per_checkpoint must be >= 1, got {self.rounds_per_checkpoint}')
     need(self.client_sampling in ('poisson', 'fixed_size'),
@@ -110,6 +125,10 @@ class ExperimentConfig:
       need(self.dp != 'none', '--max_epsilon needs DP (--dp != none)')
     if self.delta is not None:
       need(0 < self.delta < 1, f'--delta must be in (0, 1), got {self.delta}')
+    for key, value in self.paper_results.items():
+      need(isinstance(value, (int, float)) and not isinstance(value, bool)
+           and math.isfinite(value),
+           f'--paper_results: {key} must be a finite number, got {value!r}')
 
 
 def build_aggregator(cfg: ExperimentConfig, model_weights_type=None):
@@ -156,6 +175,11 @@ def run(cfg: ExperimentConfig, task, *, log=print) -> dict[str, Any]:
   tf.keras.utils.set_random_seed(cfg.seed)
 
   train_ids = list(task.train_data.client_ids)
+  if cfg.max_train_clients is not None:
+    if cfg.max_train_clients > len(train_ids):
+      raise UserInputError(f'--max_train_clients={cfg.max_train_clients} exceeds the '
+                           f'{len(train_ids)} training clients')
+    train_ids = train_ids[:cfg.max_train_clients]
   public_ids: list = []
   if cfg.precondition != 'none' and cfg.side_info == 'public_clients':
     # Held-out public/proxy clients (the paper's OOD setting): removed from the private population.
@@ -170,7 +194,10 @@ def run(cfg: ExperimentConfig, task, *, log=print) -> dict[str, Any]:
     from tff_dp.adadps import wiring  # pylint: disable=g-import-not-at-top
     scales = wiring.scales_for_task(task, cfg.side_info, public_client_ids=public_ids,
                                     cap=cfg.precondition_cap,
-                                    division=cfg.precondition_division, eps=cfg.precondition_eps)
+                                    division=cfg.precondition_division, eps=cfg.precondition_eps,
+                                    preconditioner=cfg.preconditioner,
+                                    num_frequent=cfg.precondition_num_frequent,
+                                    rare_scale=cfg.precondition_rare_scale)
     if cfg.precondition == 'client':
       client_optimizer = wiring.client_optimizer(cfg.client_optimizer, cfg.client_learning_rate,
                                                  scales)
@@ -222,7 +249,8 @@ def run(cfg: ExperimentConfig, task, *, log=print) -> dict[str, Any]:
       total_rounds=cfg.total_rounds, rounds_per_eval=cfg.rounds_per_eval,
       rounds_per_checkpoint=cfg.rounds_per_checkpoint, delta=delta,
       max_epsilon=cfg.max_epsilon, uncertainty_last_k=cfg.uncertainty_last_k,
-      dp_enabled=cfg.dp != 'none')
+      dp_enabled=cfg.dp != 'none', client_cache_size=cfg.client_cache_size,
+      prefetch_clients=cfg.prefetch_clients)
   log(f'run directory: {run_dir.path}  (population {len(train_ids)}, '
       f'{cfg.client_sampling} sampling, delta {delta:g})')
   summary = loop.run_training(loop_config, components)

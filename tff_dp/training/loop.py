@@ -14,6 +14,7 @@ import numpy as np
 
 from tff_dp import ledger as ledger_lib
 from tff_dp.aggregators import privacy_queries as privacy_queries_lib
+from tff_dp.training import client_data as client_data_lib
 from tff_dp.training import evaluation
 from tff_dp.training import plots
 from tff_dp.training import run_dir as run_dir_lib
@@ -28,6 +29,8 @@ class LoopConfig:
   max_epsilon: Optional[float] = None
   uncertainty_last_k: int = 0
   dp_enabled: bool = True
+  client_cache_size: int = 1000     # Preprocessed client datasets kept (0: rebuild each round).
+  prefetch_clients: bool = True     # Build round r+1's client datasets while round r runs.
 
 
 @dataclasses.dataclass
@@ -140,6 +143,29 @@ def run_training(config: LoopConfig, c: LoopComponents) -> dict[str, Any]:
       last_record = records[-1] if records else None
 
   summary: dict[str, Any] = {'stopped_by_max_epsilon': False, 'rounds_completed': start_round - 1}
+  client_data = client_data_lib.ClientDatasets(
+      c.client_dataset_fn, config.client_cache_size, config.prefetch_clients)
+  try:
+    round_num, state = _run_rounds(config, c, client_data, state, start_round, recent,
+                                   last_record, summary)
+  finally:
+    client_data.close()
+  summary['rounds_completed'] = round_num
+  summary['final_state'] = state
+  if config.uncertainty_last_k and c.evaluator is not None and len(recent) >= 2:
+    summary['uncertainty'] = _write_uncertainty(c, list(recent))
+  plots.write_run_plots(c.run_dir.file('metrics.csv'), c.run_dir.file('plots'))
+  # Marks a run that ended normally (tools such as reproduce.py skip finished runs).
+  c.run_dir.write_json('summary.json', {
+      'rounds_completed': round_num, 'total_rounds': config.total_rounds,
+      'stopped_by_max_epsilon': summary['stopped_by_max_epsilon']})
+  return summary
+
+
+def _run_rounds(config: LoopConfig, c: LoopComponents, client_data, state, start_round: int,
+                recent, last_record, summary):
+  """Rounds start_round..total_rounds; returns (last completed round, state)."""
+  process = c.process
   round_num = start_round - 1
   for round_num in range(start_round, config.total_rounds + 1):
     if config.max_epsilon is not None:
@@ -151,11 +177,15 @@ def run_training(config: LoopConfig, c: LoopComponents) -> dict[str, Any]:
         round_num -= 1
         break
 
+    round_start = time.perf_counter()
     client_ids = c.sampler.sample(round_num)
     row: dict[str, Any] = {'round': round_num, 'num_clients': len(client_ids)}
     if client_ids:
       t0 = time.perf_counter()
-      output = process.next(state, [c.client_dataset_fn(cid) for cid in client_ids])
+      datasets = client_data.get(client_ids)
+      if round_num < config.total_rounds:
+        client_data.prefetch(c.sampler.sample(round_num + 1))
+      output = process.next(state, datasets)
       row['round_seconds'] = time.perf_counter() - t0
       state = output.state
       metrics = output.metrics
@@ -179,7 +209,10 @@ def run_training(config: LoopConfig, c: LoopComponents) -> dict[str, Any]:
       c.log(f'round {round_num}: no client sampled; model unchanged')
 
     if c.accountant is not None:
-      for method, eps in c.accountant.epsilon().items():
+      epsilons = c.accountant.epsilon()
+      if epsilons.get('pld', 0.0) is None and round_num == config.total_rounds:
+        epsilons['pld'] = c.accountant.epsilon_pld()  # The final value is always reported.
+      for method, eps in epsilons.items():
         row[f'epsilon_{method}'] = eps
 
     is_last = round_num == config.total_rounds
@@ -212,16 +245,12 @@ def run_training(config: LoopConfig, c: LoopComponents) -> dict[str, Any]:
     if round_num % config.rounds_per_checkpoint == 0 or is_last:
       # Before any output of the round is released (see _reconcile_ledger).
       c.run_dir.save_checkpoint(_program_state(state, round_num, c.aggregates, recent), round_num)
+    # Whole round: sampling, data, TFF round, ledger, accounting, eval, checkpoint.
+    row['wall_seconds'] = time.perf_counter() - round_start
     c.run_dir.metrics.append(row)
     c.run_dir.write_summaries(round_num, row)
     c.log(_console_line(row, config.total_rounds))
-
-  summary['rounds_completed'] = round_num
-  summary['final_state'] = state
-  if config.uncertainty_last_k and c.evaluator is not None and len(recent) >= 2:
-    summary['uncertainty'] = _write_uncertainty(c, list(recent))
-  plots.write_run_plots(c.run_dir.file('metrics.csv'), c.run_dir.file('plots'))
-  return summary
+  return round_num, state
 
 
 def _write_uncertainty(c: LoopComponents, recent):

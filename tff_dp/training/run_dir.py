@@ -136,6 +136,9 @@ class RunDirectory:
     with open(self.file('config_history.jsonl'), 'a') as f:
       f.write(json.dumps(entry, sort_keys=True) + '\n')
 
+  def write_json(self, name: str, obj: Mapping[str, Any]) -> None:
+    _atomic_write_text(self.file(name), json.dumps(dict(obj), indent=2, sort_keys=True))
+
   def read_config(self) -> dict[str, Any]:
     with open(self.file('config.json')) as f:
       return json.load(f)

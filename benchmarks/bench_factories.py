@@ -1,0 +1,164 @@
+"""Round time and peak memory of every DP aggregation, side by side, on EMNIST and SO NWP.
+
+Arms, all in `tff.learning.algorithms.build_unweighted_fed_avg` with the same clients:
+  plain            TFF's default mean (no DP)
+  tff_fixed        TFF's built-in DifferentiallyPrivateFactory.gaussian_fixed
+  tff_adaptive     TFF's built-in DifferentiallyPrivateFactory.gaussian_adaptive
+  fixed, adaptive, per_layer   our factories (tff_dp.aggregators.build_dp_aggregator)
+  adadps_client    AdaDPS preconditioned client optimizer + our adaptive factory
+  adadps_server    AdaDPS PreconditionedFactory around our adaptive factory
+Rounds of all arms are interleaved with a rotating order, so machine noise hits every arm alike.
+Peak memory: the peak RSS of this process plus its TFF worker_binary over 2 rounds of the arm
+(reset between arms through /proc/PID/clear_refs), and how far that peak rises above the RSS
+resident when the arm starts (the arm's transient round memory; the resident part grows as arms
+are built in one process). Also prints the ledger + accountant cost per
+round. Usage: python benchmarks/bench_factories.py [--rounds 5] [--tasks emnist,stackoverflow_word]
+"""
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import tff_dp  # noqa: E402,F401
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tensorflow_federated as tff  # noqa: E402
+
+import tasks  # noqa: E402
+from tasks import synthetic_data  # noqa: E402
+from tff_dp import accounting  # noqa: E402
+from tff_dp import aggregators  # noqa: E402
+from tff_dp import ledger as ledger_lib  # noqa: E402
+from tff_dp import runtime  # noqa: E402
+from tff_dp.adadps import wiring  # noqa: E402
+
+_Z, _CLIP = 0.5, 1.0
+
+
+def _arms(task, clients):
+  m = float(clients)
+  weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
+  ones = [np.ones(np.shape(w), np.float32) * 0.5 for w in weights.trainable]
+  ours = lambda kind, **kw: aggregators.build_dp_aggregator(  # noqa: E731
+      kind, noise_multiplier=_Z, clients_per_round=m, clip=_CLIP, **kw)
+  sgd = lambda lr: tff.learning.optimizers.build_sgdm(lr)  # noqa: E731
+  arms = {
+      'plain': (None, sgd(0.1)),
+      'tff_fixed': (tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
+          noise_multiplier=_Z, clients_per_round=m, clip=_CLIP), sgd(0.1)),
+      'tff_adaptive': (tff.aggregators.DifferentiallyPrivateFactory.gaussian_adaptive(
+          noise_multiplier=_Z, clients_per_round=m, initial_l2_norm_clip=_CLIP), sgd(0.1)),
+      'fixed': (ours('fixed'), sgd(0.1)),
+      'adaptive': (ours('adaptive'), sgd(0.1)),
+      # One clipped-count query per layer: sigma_b must grow with the layer count.
+      'per_layer': (ours('per_layer_adaptive', clipped_count_stddev=4.0), sgd(0.1)),
+      'adadps_client': (ours('adaptive'), wiring.client_optimizer('sgd', 0.1, ones)),
+      'adadps_server': (wiring.server_aggregator(ones, ours('adaptive')), sgd(0.1)),
+  }
+  return {name: tff.learning.algorithms.build_unweighted_fed_avg(
+      task.model_fn, client_optimizer_fn=opt,
+      server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0, momentum=0.9),
+      model_aggregator=agg) for name, (agg, opt) in arms.items()}
+
+
+def _status_kib(pid, field) -> int:
+  with open(f'/proc/{pid}/status') as f:
+    return next(int(l.split()[1]) for l in f if l.startswith(field + ':'))
+
+
+def _reset_peak(pid) -> None:
+  with open(f'/proc/{pid}/clear_refs', 'w') as f:
+    f.write('5')  # Resets the peak RSS (Linux >= 4.0).
+
+
+def _mib(pids, field) -> float:
+  return sum(_status_kib(p, field) for p in pids) / 1024
+
+
+def bench_task(name, data_dir, clients, rounds):
+  task = tasks.build_task(name, data_dir, client_batch_size=20)
+  ids = list(task.train_data.client_ids)[:clients]
+  data = [task.preprocess_train(task.train_data.create_tf_dataset_for_client(i)) for i in ids]
+  processes = _arms(task, clients)
+  states = {k: p.initialize() for k, p in processes.items()}
+  peaks = {}
+  for k, p in processes.items():  # Warm-up (tracing), then peak memory of 2 rounds.
+    states[k] = p.next(states[k], data).state
+    pids = [os.getpid()] + runtime.worker_pids()
+    for pid in pids:
+      _reset_peak(pid)
+    baseline = _mib(pids, 'VmRSS')
+    for _ in range(2):
+      states[k] = p.next(states[k], data).state
+    peak = _mib(pids, 'VmHWM')
+    peaks[k] = (peak, peak - baseline)
+  times = {k: [] for k in processes}
+  names = list(processes)
+  for i in range(rounds):
+    for k in names[i % len(names):] + names[:i % len(names)]:
+      t0 = time.perf_counter()
+      states[k] = processes[k].next(states[k], data).state
+      times[k].append(time.perf_counter() - t0)
+  return {k: statistics.median(v) for k, v in times.items()}, peaks
+
+
+def ledger_cost(rounds: int = 300) -> dict:
+  """Seconds per round of: ledger append (fsync), accountant add + RDP epsilon, PLD epsilon."""
+  path = os.path.join(tempfile.mkdtemp(), 'ledger.jsonl')
+  event = ledger_lib.SamplingEvent('poisson', 3400, probability=10 / 3400)
+  acc = accounting.LedgerAccountant(1e-5, ('rdp', 'pld'), pld_value_discretization_interval=1e-3)
+  t_ledger = t_rdp = t_pld = 0.0
+  n_pld = 0
+  with ledger_lib.PrivacyLedger(path) as led:
+    for r in range(1, rounds + 1):
+      # Adaptive clipping's two queries, with a clip that changes every round.
+      record = ledger_lib.RoundRecord(r, event, (
+          ledger_lib.GaussianSumQuery('update', 1.0 + r * 1e-3, (1.0 + r * 1e-3) * 0.51),
+          ledger_lib.GaussianSumQuery('clipped_count', 0.5, 5.0)))
+      t0 = time.perf_counter()
+      led.append(record)
+      t1 = time.perf_counter()
+      acc.add(record)
+      acc.epsilon_rdp()
+      t2 = time.perf_counter()
+      if r % 10 == 0:
+        acc.epsilon_pld()
+        n_pld += 1
+      t3 = time.perf_counter()
+      t_ledger, t_rdp, t_pld = t_ledger + t1 - t0, t_rdp + t2 - t1, t_pld + t3 - t2
+  return {'ledger append (fsync)': t_ledger / rounds, 'accountant add + RDP epsilon':
+          t_rdp / rounds, 'PLD epsilon (one report)': t_pld / max(n_pld, 1)}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--rounds', type=int, default=5)
+  parser.add_argument('--clients', type=int, default=10)
+  parser.add_argument('--tasks', default='emnist,stackoverflow_word')
+  args = parser.parse_args()
+  data_dir = os.path.join(tempfile.gettempdir(), 'tff_dp_bench_data')
+  print(f'{time.strftime("%Y-%m-%d")}, {platform.machine()}, {os.cpu_count()} cores, '
+        f'TFF {tff.__version__}, TF {tf.__version__}; {args.clients} clients/round, median of '
+        f'{args.rounds} interleaved rounds; z={_Z}, clip={_CLIP}')
+  for name in args.tasks.split(','):
+    synthetic_data.ensure_default_cache(data_dir, name)
+    times, peaks = bench_task(name, data_dir, args.clients, args.rounds)
+    print(f'\n{name}\n{"arm":<15} {"s/round":>8} {"x plain":>8} {"peak MiB":>9} '
+          f'{"round peak above resident MiB":>30}')
+    for k, t in times.items():
+      print(f'{k:<15} {t:>8.3f} {t / times["plain"]:>8.3f} {peaks[k][0]:>9.0f} '
+            f'{peaks[k][1]:>30.0f}')
+  print('\nledger + accountant, per round (adaptive clipping, two queries)')
+  for k, v in ledger_cost().items():
+    print(f'{k:<32} {v * 1000:>8.2f} ms')
+
+
+if __name__ == '__main__':
+  main()

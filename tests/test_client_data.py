@@ -1,0 +1,59 @@
+"""ClientDatasets: LRU cache of preprocessed client pipelines with one-round-ahead prefetch."""
+
+import threading
+
+import pytest
+import tensorflow as tf
+
+from tff_dp.training.client_data import ClientDatasets
+
+
+class _Builder:
+  def __init__(self, fail_on=None):
+    self.calls, self.threads, self.fail_on = [], set(), fail_on
+
+  def __call__(self, cid):
+    self.calls.append(cid)
+    self.threads.add(threading.current_thread().name)
+    if cid == self.fail_on:
+      raise ValueError(f'client {cid} has no examples')
+    return tf.data.Dataset.range(int(cid[1:])).map(lambda x: x * 2)
+
+
+def test_prefetched_and_cached_datasets_are_built_once_and_yield_the_same_data():
+  build = _Builder()
+  data = ClientDatasets(build, max_cached=10)
+  data.prefetch(['c3', 'c5'])
+  first = data.get(['c3', 'c5', 'c2'])
+  assert [list(ds.as_numpy_iterator()) for ds in first] == [[0, 2, 4], [0, 2, 4, 6, 8], [0, 2]]
+  assert sorted(build.calls) == ['c2', 'c3', 'c5']         # Each client built exactly once...
+  assert any(t.startswith('client-data-prefetch') for t in build.threads)  # ...c3/c5 in the background.
+  again = data.get(['c5', 'c3'])
+  assert again[0] is first[1] and again[1] is first[0]      # Served from the cache.
+  assert len(build.calls) == 3
+  data.close()
+
+
+def test_lru_eviction_and_no_cache():
+  build = _Builder()
+  data = ClientDatasets(build, max_cached=2, prefetch=False)
+  data.get(['c1', 'c2'])
+  data.get(['c1'])            # c1 becomes most recent; c3 evicts c2.
+  data.get(['c3'])
+  data.get(['c1', 'c2'])
+  assert build.calls == ['c1', 'c2', 'c3', 'c2']
+  uncached = _Builder()
+  off = ClientDatasets(uncached, max_cached=0)
+  off.prefetch(['c1'])        # A no-op without a cache.
+  off.get(['c1'])
+  off.get(['c1'])
+  assert uncached.calls == ['c1', 'c1']
+  off.close()
+
+
+def test_a_failure_while_prefetching_surfaces_in_get():
+  data = ClientDatasets(_Builder(fail_on='c4'), max_cached=10)
+  data.prefetch(['c1', 'c4'])
+  with pytest.raises(ValueError, match='client c4 has no examples'):
+    data.get(['c1'])
+  data.close()

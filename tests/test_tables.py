@@ -1,0 +1,111 @@
+"""tff_dp.tables: run directories -> Markdown beside the paper's numbers, plots, CLI errors."""
+
+import csv
+import json
+import os
+
+import dp_accounting
+import pytest
+
+from tff_dp import ledger as ledger_lib
+from tff_dp import tables
+from tff_dp.tables import __main__ as tables_cli
+
+_Q, _Z, _ROUNDS = 0.01, 1.2, 50
+
+
+def _write_run(path, *, paper=None, dp='fixed', rounds=_ROUNDS, ema=False, clip_cols=1):
+  os.makedirs(path)
+  config = dict(dp=dp, total_rounds=rounds, clients_per_round=10, population_size=1000,
+                delta_used=1e-4, paper_table=(paper or {}).get('table', ''),
+                paper_arm=(paper or {}).get('arm', ''),
+                paper_results=(paper or {}).get('results', {}))
+  with open(os.path.join(path, 'config.json'), 'w') as f:
+    json.dump(config, f)
+  cols = ['round', 'train_loss'] + [f'aggregator/g{i}/l2_norm_clip' for i in range(clip_cols)]
+  cols += ['eval_accuracy'] + (['eval_ema_accuracy'] if ema else [])
+  with open(os.path.join(path, 'metrics.csv'), 'w', newline='') as f:
+    w = csv.DictWriter(f, fieldnames=cols, restval='')
+    w.writeheader()
+    for r in range(1, rounds + 1):
+      row = {'round': r, 'train_loss': 1.0 / r}
+      row.update({f'aggregator/g{i}/l2_norm_clip': 0.5 + 0.01 * r + i for i in range(clip_cols)})
+      if r % 10 == 0:   # Evaluated every 10 rounds.
+        row['eval_accuracy'] = r / 100
+        if ema:
+          row['eval_ema_accuracy'] = r / 100 + 0.05
+      w.writerow(row)
+  if dp != 'none':
+    with ledger_lib.PrivacyLedger(os.path.join(path, 'ledger.jsonl')) as led:
+      for r in range(1, rounds + 1):
+        led.append(ledger_lib.RoundRecord(
+            r, ledger_lib.SamplingEvent('poisson', 1000, probability=_Q),
+            (ledger_lib.GaussianSumQuery('update', 2.0, 2.0 * _Z),)))
+
+
+def _rdp_epsilon(rounds, delta):
+  acc = dp_accounting.rdp.RdpAccountant()
+  acc.compose(dp_accounting.PoissonSampledDpEvent(_Q, dp_accounting.GaussianDpEvent(_Z)), rounds)
+  return acc.get_epsilon(delta)
+
+
+def test_read_run_replays_ledger_at_papers_delta(tmp_path):
+  run = tmp_path / 'adaptive'
+  _write_run(str(run), paper={'table': 'T1', 'arm': 'adaptive',
+                              'results': {'accuracy': 0.6, 'epsilon': 3.0, 'delta': 1e-6}})
+  r = tables.read_run(str(run))
+  assert r.delta == 1e-6                      # The paper's delta, not the run's 1e-4.
+  # The accountant rounds z down to 6 digits (conservative): equal to 1e-4, never below.
+  assert r.epsilon == pytest.approx(_rdp_epsilon(_ROUNDS, 1e-6), rel=1e-4)
+  assert r.epsilon >= _rdp_epsilon(_ROUNDS, 1e-6)
+  assert r.epsilon > _rdp_epsilon(_ROUNDS, 1e-4)
+  assert [e for _, e in r.epsilon_curve][9] == pytest.approx(_rdp_epsilon(10, 1e-6), rel=1e-4)
+  assert r.final_eval == {'accuracy': 0.5} and r.final_eval_round == 50
+  assert r.rounds_completed == 50 and r.label == 'adaptive'
+  # An explicit delta overrides the paper's.
+  assert tables.read_run(str(run), delta=1e-4).epsilon == pytest.approx(
+      _rdp_epsilon(_ROUNDS, 1e-4), rel=1e-4)
+
+
+def test_build_tables_markdown_and_plots(tmp_path):
+  paper_a = {'table': 'Shejwalkar et al. Table 1', 'arm': 'z=1.2',
+             'results': {'accuracy': 0.2, 'ema_accuracy': 0.25, 'delta': 1e-5}}
+  _write_run(str(tmp_path / 'runs' / 'a'), paper=paper_a, ema=True)
+  _write_run(str(tmp_path / 'runs' / 'b'), paper=dict(paper_a, arm='per-layer'), clip_cols=3,
+             rounds=30)
+  _write_run(str(tmp_path / 'runs' / 'plain'), dp='none', rounds=20)
+  out = tables.build_tables([str(tmp_path / 'runs' / n) for n in ('a', 'b', 'plain')],
+                            str(tmp_path / 'out'))
+  text = open(out['table']).read()
+  lines = [l for l in text.splitlines() if l.startswith('| `')]
+  assert len(lines) == 3
+  cells = [c.strip() for c in lines[0].strip('|').split('|')]
+  # run, arm, clients(pop), rounds, paper rounds, delta, eps, paper eps, acc, paper acc, ema, paper ema
+  assert cells[:6] == ['`a`', 'z=1.2', '10 (1000)', '50', '–', '1e-05']
+  assert float(cells[6]) == pytest.approx(_rdp_epsilon(50, 1e-5), rel=1e-3)
+  assert cells[8:] == ['0.5', '0.2', '0.55', '0.25']
+  cells_b = [c.strip() for c in lines[1].strip('|').split('|')]
+  assert cells_b[3] == '30' and cells_b[10:] == ['–', '0.25']   # b has no EMA column.
+  assert float(cells_b[6]) == pytest.approx(_rdp_epsilon(30, 1e-5), rel=1e-3)
+  plain = [c.strip() for c in lines[2].strip('|').split('|')]
+  assert plain[6] == '∞' and plain[1] == '–'
+  assert 'Runs without a paper reference' in text
+  names = sorted(os.path.basename(p) for p in out['plots'])
+  assert 'shejwalkar_et_al_table_1_clip_vs_round.png' in names
+  assert len(names) == 8 and all(os.path.getsize(p) > 1000 for p in out['plots'])
+  for p in out['plots']:
+    assert f'({os.path.basename(p)})' in text
+
+
+def test_cli_writes_table_and_rejects_bad_input(tmp_path, capsys):
+  _write_run(str(tmp_path / 'r1'), paper={'table': 'T', 'arm': 'x', 'results': {'accuracy': 1}})
+  _write_run(str(tmp_path / 'r2'))
+  out = tmp_path / 'out'
+  assert tables_cli.main(['prog', '--runs', str(tmp_path / 'r1'), str(tmp_path / 'r2'),
+                          f'--output_dir={out}']) == 0
+  assert (out / 'results.md').read_text().count('| `r') == 2
+  assert tables_cli.main(['prog', '--runs', str(tmp_path / 'nope')]) == 2
+  assert 'not a run directory' in capsys.readouterr().err
+  assert tables_cli.main(['prog', '--runs', str(tmp_path / 'r1'), '--delta=2']) == 2
+  assert 'delta' in capsys.readouterr().err
+  assert tables_cli.main(['prog']) == 2

@@ -1,0 +1,88 @@
+"""Cross-run PNG plots for one table: accuracy, clip norm and epsilon vs round, accuracy vs eps."""
+
+import os
+import re
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-top
+
+from tff_dp.tables.run_results import RunResult  # noqa: E402
+
+# Model variants evaluated in a run: the last iterate and the checkpoint aggregates.
+_VARIANTS = (('eval_accuracy', '', '-'), ('eval_ema_accuracy', ' (EMA)', '--'),
+             ('eval_past_k_accuracy', ' (past-k)', ':'))
+
+
+def slug(text: str) -> str:
+  return re.sub(r'[^a-z0-9]+', '_', text.lower()).strip('_')[:60] or 'runs'
+
+
+def _clip_columns(r: RunResult) -> list[str]:
+  return sorted(k for k in r.curve if k.endswith('l2_norm_clip') and 'clipped_count' not in k)
+
+
+def write_plots(results: Sequence[RunResult], out_dir: str, prefix: str) -> list[str]:
+  """Writes PREFIX_{accuracy_vs_round,clip_vs_round,epsilon_vs_round,accuracy_vs_epsilon}.png."""
+  os.makedirs(out_dir, exist_ok=True)
+  written = []
+
+  def save(fig, ax, name, title):
+    ax.set_title(title, fontsize='medium')
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend(fontsize='x-small')
+    fig.tight_layout()
+    path = os.path.join(out_dir, f'{prefix}_{name}.png')
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    written.append(path)
+
+  fig, ax = plt.subplots(figsize=(6.5, 4))
+  for r in results:
+    for col, suffix, style in _VARIANTS:
+      if col in r.curve:
+        ax.plot(*zip(*r.curve[col]), style, marker='.', label=r.label + suffix)
+  ax.set(xlabel='round', ylabel='eval accuracy')
+  save(fig, ax, 'accuracy_vs_round', 'Accuracy vs round')
+
+  fig, ax = plt.subplots(figsize=(6.5, 4))
+  log_scale = True
+  for r in results:
+    cols = _clip_columns(r)
+    if len(cols) == 1:
+      ax.plot(*zip(*r.curve[cols[0]]), label=r.label)
+    elif cols:  # Per-layer / joint: one line per group would swamp the plot; show the range.
+      by_round = {}
+      for c in cols:
+        for rnd, v in r.curve[c]:
+          by_round.setdefault(rnd, []).append(v)
+      rounds = sorted(by_round)
+      line, = ax.plot(rounds, [sum(by_round[x]) / len(by_round[x]) for x in rounds],
+                      label=f'{r.label} (mean of {len(cols)})')
+      ax.fill_between(rounds, [min(by_round[x]) for x in rounds],
+                      [max(by_round[x]) for x in rounds], alpha=0.2, color=line.get_color())
+    log_scale &= all(v > 0 for c in cols for _, v in r.curve[c])
+  if log_scale and ax.lines:
+    ax.set_yscale('log')
+  ax.set(xlabel='round', ylabel='clip norm')
+  save(fig, ax, 'clip_vs_round', 'Clip norm vs round')
+
+  fig, ax = plt.subplots(figsize=(6.5, 4))
+  for r in results:
+    if r.epsilon_curve:
+      ax.plot(*zip(*r.epsilon_curve), label=f'{r.label} (delta={r.delta:.0e})')
+  ax.set(xlabel='round', ylabel='epsilon')
+  save(fig, ax, 'epsilon_vs_round', 'Epsilon vs round (replayed from each ledger)')
+
+  fig, ax = plt.subplots(figsize=(6.5, 4))
+  for r in results:
+    eps_at = dict(r.epsilon_curve)
+    for col, suffix, style in _VARIANTS:
+      pts = [(eps_at[rnd], v) for rnd, v in r.curve.get(col, []) if rnd in eps_at]
+      if pts:
+        ax.plot(*zip(*pts), style, marker='.', label=r.label + suffix)
+  ax.set(xlabel='epsilon', ylabel='eval accuracy')
+  save(fig, ax, 'accuracy_vs_epsilon', 'Accuracy vs epsilon across runs')
+  return written

@@ -1,0 +1,116 @@
+"""Reads a finished run directory into the numbers a paper table compares.
+
+Reads only what the run wrote (config.json, metrics.csv, ledger.jsonl), so tables can be built
+on another machine from copied run directories. Epsilon is recomputed from the ledger at the
+table's delta (the paper's, when the run names one), never taken from the metrics CSV: the
+ledger is the privacy record of truth (McMahan & Andrew), and papers differ in delta.
+"""
+
+import csv
+import dataclasses
+import json
+import math
+import os
+from typing import Any, Optional
+
+from tff_dp import ledger as ledger_lib
+from tff_dp.errors import UserInputError
+
+# Paper result keys that are not evaluation metrics of the model.
+PRIVACY_AND_SCHEDULE_KEYS = ('epsilon', 'delta', 'rounds')
+
+
+@dataclasses.dataclass
+class RunResult:
+  """One run, summarised. `curve` holds per-round series for the cross-run plots."""
+  path: str
+  name: str
+  config: dict
+  paper_table: str
+  paper_arm: str
+  paper_results: dict
+  rounds_completed: int
+  delta: Optional[float]
+  epsilon: Optional[float]            # After the last ledger record, at `delta`.
+  final_eval: dict                    # eval metric name (without 'eval_') -> last value.
+  final_eval_round: Optional[int]
+  curve: dict                         # column -> list of (round, value), finite values only.
+  epsilon_curve: list                 # [(round, epsilon)] from the ledger replay.
+
+  @property
+  def label(self) -> str:
+    return self.paper_arm or self.name
+
+
+def _float_or_nan(value) -> float:
+  try:
+    return float(value) if value not in ('', None) else math.nan
+  except ValueError:
+    return math.nan
+
+
+def _read_metrics(path: str) -> list[dict[str, float]]:
+  if not os.path.exists(path):
+    return []
+  with open(path, newline='') as f:
+    return [{k: _float_or_nan(v) for k, v in row.items() if k is not None}
+            for row in csv.DictReader(f)]
+
+
+def _epsilon_curve(ledger_path: str, delta: float, method: str) -> list[tuple[int, float]]:
+  from tff_dp.accounting import accountant  # pylint: disable=g-import-not-at-top
+  records = ledger_lib.read_ledger(ledger_path)
+  if not records:
+    return []
+  # One PLD evaluation (at the end) is enough for a table; RDP is cheap at every round.
+  pld_every = len(records) if method == 'pld' else None
+  curve = accountant.epsilon_curve(records, delta, (method,), pld_every=pld_every)
+  return [(int(p['round']), p[f'epsilon_{method}']) for p in curve
+          if p[f'epsilon_{method}'] is not None]
+
+
+def read_run(path: str, *, delta: Optional[float] = None, method: str = 'rdp') -> RunResult:
+  """Summarises the run directory at `path`.
+
+  Args:
+    path: a run directory written by `run_experiment.py` (or `tff_dp.training.experiment`).
+    delta: delta for epsilon; default the paper's delta named by the run, else the run's own.
+    method: accountant for the replay, 'rdp' or 'pld'.
+  """
+  config_path = os.path.join(path, 'config.json')
+  if not os.path.isfile(config_path):
+    raise UserInputError(f'{path} is not a run directory (no config.json)')
+  try:
+    with open(config_path) as f:
+      config = json.load(f)
+  except (OSError, json.JSONDecodeError) as e:
+    raise UserInputError(f'{config_path} is unreadable: {e}') from None
+  rows = _read_metrics(os.path.join(path, 'metrics.csv'))
+  paper = config.get('paper_results') or {}
+  if delta is None:
+    delta = paper.get('delta') or config.get('delta_used')
+
+  curve: dict[str, list] = {}
+  for row in rows:
+    for key, value in row.items():
+      if key != 'round' and not math.isnan(value) and not math.isnan(row.get('round', math.nan)):
+        curve.setdefault(key, []).append((int(row['round']), value))
+  final_eval, final_round = {}, None
+  for key, points in curve.items():
+    if key.startswith('eval_'):
+      final_eval[key[len('eval_'):]] = points[-1][1]
+      final_round = max(final_round or 0, points[-1][0])
+
+  ledger_path = os.path.join(path, 'ledger.jsonl')
+  eps_curve = (_epsilon_curve(ledger_path, float(delta), method)
+               if delta is not None and os.path.exists(ledger_path) else [])
+  return RunResult(
+      path=path, name=os.path.basename(os.path.normpath(path)), config=config,
+      paper_table=config.get('paper_table') or '', paper_arm=config.get('paper_arm') or '',
+      paper_results=dict(paper),
+      rounds_completed=int(max((r['round'] for r in rows), default=0)),
+      delta=None if delta is None else float(delta),
+      epsilon=eps_curve[-1][1] if eps_curve else (None if config.get('dp') != 'none'
+                                                   else math.inf),
+      final_eval=final_eval, final_eval_round=final_round,
+      curve=curve, epsilon_curve=eps_curve)
