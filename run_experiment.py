@@ -10,6 +10,7 @@ unless --resume is given.
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -201,6 +202,7 @@ _PAPER_RESULTS = flags.DEFINE_list(
 
 
 def _paper_results():
+  from tff_dp.errors import RunFailedError  # pylint: disable=g-import-not-at-top
   from tff_dp.errors import UserInputError  # pylint: disable=g-import-not-at-top
   results = {}
   for item in _PAPER_RESULTS.value:
@@ -276,6 +278,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
     tf.get_logger().setLevel('ERROR')
   import tff_dp  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  from tff_dp.errors import RunFailedError  # pylint: disable=g-import-not-at-top
   from tff_dp.errors import UserInputError  # pylint: disable=g-import-not-at-top
   from tff_dp.training import experiment  # pylint: disable=g-import-not-at-top
   try:
@@ -290,6 +293,14 @@ def main(argv):
   except UserInputError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
+  except RunFailedError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 1
+  if summary.get('stopped_by_signal'):
+    signum = int(getattr(signal, summary['stopped_by_signal']))
+    print(f'stopped by {summary["stopped_by_signal"]} after round {summary["rounds_completed"]}; '
+          f'outputs in {summary["run_dir"]} are consistent: continue with --resume')
+    return 128 + signum
   print(f'done: {summary["rounds_completed"]} rounds; outputs in {summary["run_dir"]}')
   return 0
 

@@ -5,6 +5,7 @@ import threading
 import pytest
 import tensorflow as tf
 
+from tff_dp.training.client_data import check_client_dataset
 from tff_dp.training.client_data import ClientDatasets
 
 
@@ -24,11 +25,12 @@ def test_prefetched_and_cached_datasets_are_built_once_and_yield_the_same_data()
   build = _Builder()
   data = ClientDatasets(build, max_cached=10)
   data.prefetch(['c3', 'c5'])
-  first = data.get(['c3', 'c5', 'c2'])
+  first, rejected = data.get(['c3', 'c5', 'c2'])
+  assert rejected == {}
   assert [list(ds.as_numpy_iterator()) for ds in first] == [[0, 2, 4], [0, 2, 4, 6, 8], [0, 2]]
   assert sorted(build.calls) == ['c2', 'c3', 'c5']         # Each client built exactly once...
   assert any(t.startswith('client-data-prefetch') for t in build.threads)  # ...c3/c5 in the background.
-  again = data.get(['c5', 'c3'])
+  again, _ = data.get(['c5', 'c3'])
   assert again[0] is first[1] and again[1] is first[0]      # Served from the cache.
   assert len(build.calls) == 3
   data.close()
@@ -56,4 +58,28 @@ def test_a_failure_while_prefetching_surfaces_in_get():
   data.prefetch(['c1', 'c4'])
   with pytest.raises(ValueError, match='client c4 has no examples'):
     data.get(['c1'])
+  data.close()
+
+
+@pytest.mark.parametrize('x,y,reason', [
+    ([[0.5, 1.0], [0.0, 2.0]], [1, 2], None),
+    ([[0.5, float('nan')], [0.0, 2.0]], [1, 2], 'NaN or Inf'),
+    ([[0.5, float('inf')], [0.0, 2.0]], [1, 2], 'NaN or Inf'),
+    ([[0.5, 1.0], [0.0, 2.0]], [1, 10], 'outside [0, 10) (found 10)'),
+    ([[0.5, 1.0], [0.0, 2.0]], [-1, 2], 'outside [0, 10) (found -1)'),
+])
+def test_check_client_dataset(x, y, reason):
+  ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(2)
+  found = check_client_dataset(ds, max_index=10)
+  assert (found is None) if reason is None else (reason in found)
+
+
+def test_rejected_clients_are_reported_not_trained():
+  def build(cid):
+    n = 0 if cid == 'empty' else 3
+    return tf.data.Dataset.from_tensor_slices(([[1.0]] * n, [0] * n)).batch(2)
+  data = ClientDatasets(build, check_fn=lambda ds: check_client_dataset(ds, 2))
+  data.prefetch(['a', 'empty'])
+  datasets, rejected = data.get(['a', 'empty', 'b'])
+  assert len(datasets) == 2 and rejected == {'empty': 'empty dataset'}
   data.close()

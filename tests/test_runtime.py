@@ -28,27 +28,9 @@ if mode == 'wait':
 '''
 
 
-def _ppid(pid: int) -> int:
-  try:
-    with open(f'/proc/{pid}/stat') as f:
-      return int(f.read().rsplit(')', 1)[1].split()[1])
-  except OSError:
-    return -1
-
-
 def _all_worker_pids() -> set[int]:
-  """Live workers that are orphans (re-parented to init) or children of a dead process.
-
-  Workers of other live programs on the machine (another test session, a notebook) keep their
-  parent and are not counted, so a concurrent TFF user cannot fail these tests.
-  """
-  pids = set()
-  for entry in os.listdir('/proc'):
-    if entry.isdigit() and 'worker_binary' in runtime._cmdline(int(entry)).split(' ', 1)[0]:
-      parent = _ppid(int(entry))
-      if runtime._alive(int(entry)) and (parent <= 1 or not runtime._alive(parent)):
-        pids.add(int(entry))
-  return pids
+  """Leaked workers on the machine (orphans); workers of other live programs do not count."""
+  return set(runtime.orphaned_worker_pids())
 
 
 def _start(mode):

@@ -3,3 +3,11 @@
 
 class UserInputError(ValueError):
   """A configuration or input problem the user can fix; the message says what to change."""
+
+
+class RunFailedError(RuntimeError):
+  """A run stopped by a fault outside the user's configuration (a failed round, a full disk).
+
+  The message names the fault and states what on disk is intact; the CLI prints it as one line
+  and exits with code 1. The run directory stays consistent, so `--resume` continues it.
+  """

@@ -6,6 +6,11 @@ deterministic in (seed, round), so the loop asks for round r+1's clients while r
 the C++ worker (which releases the GIL), and clients sampled again reuse their cached pipeline.
 A cached pipeline is the same object the loop would rebuild (same shuffle seed), so caching
 changes no result. Errors raised while building in the background surface in `get`.
+
+Each client's data is also checked once, when first built (`check_client_dataset`): an empty
+dataset, NaN/Inf values or integer labels/tokens outside the model's output range would
+otherwise fail deep inside TF in the worker (or poison the update); such a client is rejected
+from its rounds with the reason, like a client that dropped out.
 """
 
 import collections
@@ -13,13 +18,41 @@ import concurrent.futures
 import threading
 from typing import Any, Callable, Hashable, Optional, Sequence
 
+import numpy as np
+import tensorflow as tf
+
+
+def check_client_dataset(dataset: tf.data.Dataset, max_index: Optional[int]) -> Optional[str]:
+  """Why `dataset` cannot be trained on, or None if it can.
+
+  Float leaves must be finite; integer leaves (class labels, token ids) must lie in
+  [0, max_index) when `max_index` (the model's output dimension) is given.
+  """
+  count = 0
+  for element in dataset:
+    leaves = tf.nest.flatten(element)
+    count += int(np.shape(leaves[0])[0]) if np.ndim(leaves[0]) else 1
+    for leaf in leaves:
+      value = np.asarray(leaf)
+      if value.dtype.kind == 'f' and not np.all(np.isfinite(value)):
+        return 'NaN or Inf in its features or labels'
+      if value.dtype.kind in 'iu' and max_index is not None and value.size and (
+          value.min() < 0 or value.max() >= max_index):
+        return (f'integer labels/tokens outside [0, {max_index}) (found '
+                f'{value.min() if value.min() < 0 else value.max()})')
+  if count == 0:
+    return 'empty dataset'
+  return None
+
 
 class ClientDatasets:
-  """client id -> preprocessed dataset, built by `dataset_fn`, cached and prefetched."""
+  """client id -> preprocessed dataset, built by `dataset_fn`, checked, cached and prefetched."""
 
   def __init__(self, dataset_fn: Callable[[Hashable], Any], max_cached: int = 1000,
-               prefetch: bool = True):
+               prefetch: bool = True,
+               check_fn: Optional[Callable[[Any], Optional[str]]] = None):
     self._fn = dataset_fn
+    self._check = check_fn
     self._max = max(0, int(max_cached))
     self._cache: collections.OrderedDict = collections.OrderedDict()
     self._lock = threading.Lock()
@@ -34,15 +67,20 @@ class ClientDatasets:
         return self._cache[cid]
     return None
 
+  def _make(self, cid):
+    ds = self._fn(cid)
+    return ds, (self._check(ds) if self._check is not None else None)
+
   def _build(self, cid):
-    ds = self._lookup(cid)
-    if ds is None:
-      ds = self._fn(cid)
+    """(dataset, rejection reason or None)."""
+    entry = self._lookup(cid)
+    if entry is None:
+      entry = self._make(cid)
       with self._lock:
-        self._cache[cid] = ds
+        self._cache[cid] = entry
         while len(self._cache) > self._max:
           self._cache.popitem(last=False)
-    return ds
+    return entry
 
   def prefetch(self, client_ids: Sequence[Hashable]) -> None:
     """Starts building `client_ids` in the background (no-op without prefetch)."""
@@ -57,12 +95,18 @@ class ClientDatasets:
       pending, self._pending = self._pending, None
       pending.result()  # Re-raises a failure of the background build here.
 
-  def get(self, client_ids: Sequence[Hashable]) -> list:
-    """The datasets of `client_ids`, in order."""
+  def get(self, client_ids: Sequence[Hashable]) -> tuple[list, dict]:
+    """(datasets of the accepted clients in order, {rejected client id: reason})."""
     self._wait()
-    if self._max == 0:
-      return [self._fn(c) for c in client_ids]
-    return [self._build(c) for c in client_ids]
+    build = self._make if self._max == 0 else self._build
+    datasets, rejected = [], {}
+    for cid in client_ids:
+      ds, reason = build(cid)
+      if reason is None:
+        datasets.append(ds)
+      else:
+        rejected[cid] = reason
+    return datasets, rejected
 
   def close(self) -> None:
     if self._executor is not None:

@@ -22,6 +22,11 @@ class CentralizedEvaluator:
     self._metrics = metrics_fn()
     self._dataset = eval_dataset.cache()
 
+  @property
+  def output_dim(self) -> int:
+    """Size of the model's last output axis (number of classes / vocabulary)."""
+    return int(self._model.output_shape[-1])
+
   def _assign(self, flat_weights: Sequence[np.ndarray]) -> None:
     variables = list(self._model.trainable_weights) + list(self._model.non_trainable_weights)
     if len(variables) != len(flat_weights):

@@ -14,6 +14,7 @@ import tensorflow_federated as tff
 from tff_dp import ledger as ledger_lib
 from tff_dp import sampling
 from tff_dp.errors import UserInputError
+from tff_dp.training import client_data
 from tff_dp.training import evaluation
 from tff_dp.training import loop
 from tff_dp.training import optimizers
@@ -205,6 +206,10 @@ def run(cfg: ExperimentConfig, task, *, log=print) -> dict[str, Any]:
       aggregator = wiring.server_aggregator(scales, aggregator)
 
   if cfg.weighting == 'uniform':
+    # Outermost: a NaN/Inf client update is zeroed before any clipping or preconditioning.
+    from tff_dp.aggregators import non_finite  # pylint: disable=g-import-not-at-top
+    aggregator = non_finite.NonFiniteZeroingFactory(
+        aggregator if aggregator is not None else tff.aggregators.UnweightedMeanFactory())
     process = tff.learning.algorithms.build_unweighted_fed_avg(
         task.model_fn, client_optimizer_fn=client_optimizer,
         server_optimizer_fn=server_optimizer, model_aggregator=aggregator)
@@ -218,6 +223,8 @@ def run(cfg: ExperimentConfig, task, *, log=print) -> dict[str, Any]:
   evaluator = evaluation.CentralizedEvaluator(
       task.keras_model_fn, task.loss_fn, task.metrics_fn,
       _eval_dataset(task, cfg.max_eval_examples))
+  # Integer labels/tokens must index the model's outputs (checked once per client).
+  max_index = evaluator.output_dim
   aggregates, train_policy = _checkpoint_aggregation(cfg)
   delta = cfg.delta if cfg.delta is not None else _default_delta(len(train_ids))
 
@@ -244,7 +251,8 @@ def run(cfg: ExperimentConfig, task, *, log=print) -> dict[str, Any]:
       client_dataset_fn=lambda cid: task.preprocess_train(
           task.train_data.create_tf_dataset_for_client(cid)),
       evaluator=evaluator, ledger=ledger, accountant=accountant,
-      aggregates=aggregates, train_on_aggregate=train_policy, log=log)
+      aggregates=aggregates, train_on_aggregate=train_policy, log=log,
+      check_client_fn=lambda ds: client_data.check_client_dataset(ds, max_index))
   loop_config = loop.LoopConfig(
       total_rounds=cfg.total_rounds, rounds_per_eval=cfg.rounds_per_eval,
       rounds_per_checkpoint=cfg.rounds_per_checkpoint, delta=delta,

@@ -5,19 +5,23 @@ output of the round (metrics, console, checkpoint) is released, so the ledger ne
 """
 
 import collections
+import contextlib
 import dataclasses
 import math
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
+import tensorflow as tf
 
+from tff_dp import errors
 from tff_dp import ledger as ledger_lib
 from tff_dp.aggregators import privacy_queries as privacy_queries_lib
 from tff_dp.training import client_data as client_data_lib
 from tff_dp.training import evaluation
 from tff_dp.training import plots
 from tff_dp.training import run_dir as run_dir_lib
+from tff_dp.training import stop_signal
 
 
 @dataclasses.dataclass
@@ -47,6 +51,8 @@ class LoopComponents:
   train_on_aggregate: Any = None                 # checkpoint_aggregation.TrainOnAggregate or None
   planned_queries: Sequence[ledger_lib.GaussianSumQuery] = ()
   log: Callable[[str], None] = print
+  # dataset -> reason it cannot be trained on, or None (see client_data.check_client_dataset).
+  check_client_fn: Optional[Callable[[Any], Optional[str]]] = None
 
 
 def _flatten(prefix: str, value, out: dict) -> None:
@@ -142,50 +148,120 @@ def run_training(config: LoopConfig, c: LoopComponents) -> dict[str, Any]:
         c.accountant.add(record)
       last_record = records[-1] if records else None
 
-  summary: dict[str, Any] = {'stopped_by_max_epsilon': False, 'rounds_completed': start_round - 1}
+  summary: dict[str, Any] = {'stopped_by_max_epsilon': False, 'stopped_by_signal': None,
+                             'rounds_completed': start_round - 1}
   client_data = client_data_lib.ClientDatasets(
-      c.client_dataset_fn, config.client_cache_size, config.prefetch_clients)
-  try:
-    round_num, state = _run_rounds(config, c, client_data, state, start_round, recent,
-                                   last_record, summary)
-  finally:
-    client_data.close()
+      c.client_dataset_fn, config.client_cache_size, config.prefetch_clients,
+      check_fn=c.check_client_fn)
+  progress = _Progress(round_num=start_round - 1, state=state, recent=recent,
+                       checkpointed=start_round - 1)
+  with stop_signal.StopSignal(c.log) as stop:
+    try:
+      _run_rounds(config, c, client_data, progress, last_record, summary, stop)
+    except errors.RunFailedError as e:
+      if getattr(e, 'previous_round_intact', False):
+        _checkpoint_completed_rounds(c, progress)
+      raise
+    finally:
+      client_data.close()
+  round_num, state = progress.round_num, progress.state
   summary['rounds_completed'] = round_num
   summary['final_state'] = state
-  if config.uncertainty_last_k and c.evaluator is not None and len(recent) >= 2:
-    summary['uncertainty'] = _write_uncertainty(c, list(recent))
-  plots.write_run_plots(c.run_dir.file('metrics.csv'), c.run_dir.file('plots'))
-  # Marks a run that ended normally (tools such as reproduce.py skip finished runs).
-  c.run_dir.write_json('summary.json', {
-      'rounds_completed': round_num, 'total_rounds': config.total_rounds,
-      'stopped_by_max_epsilon': summary['stopped_by_max_epsilon']})
+  if summary['stopped_by_signal']:
+    return summary   # Not finished: no final report, no summary.json; --resume continues.
+  with _writing('the final report', c.run_dir.path):
+    if config.uncertainty_last_k and c.evaluator is not None and len(recent) >= 2:
+      summary['uncertainty'] = _write_uncertainty(c, list(recent))
+    plots.write_run_plots(c.run_dir.file('metrics.csv'), c.run_dir.file('plots'))
+    # Marks a run that ended normally (tools such as reproduce.py skip finished runs).
+    c.run_dir.write_json('summary.json', {
+        'rounds_completed': round_num, 'total_rounds': config.total_rounds,
+        'stopped_by_max_epsilon': summary['stopped_by_max_epsilon']})
   return summary
 
 
-def _run_rounds(config: LoopConfig, c: LoopComponents, client_data, state, start_round: int,
-                recent, last_record, summary):
-  """Rounds start_round..total_rounds; returns (last completed round, state)."""
+@dataclasses.dataclass
+class _Progress:
+  """The last completed round and what a checkpoint of it needs."""
+  round_num: int
+  state: Any
+  recent: Any
+  checkpointed: int
+
+
+@contextlib.contextmanager
+def _writing(what: str, where: str):
+  """Turns a failed write (disk full, permissions) into a RunFailedError naming it."""
+  try:
+    yield
+  except (OSError, tf.errors.OpError) as e:
+    reason = getattr(e, 'strerror', None) or getattr(e, 'message', None) or str(e)
+    reason = ' '.join(str(reason).split())
+    if len(reason) > 300:   # TF puts the cause (e.g. "No space left on device") at the end.
+      reason = reason[:80] + ' ... ' + reason[-200:]
+    raise errors.RunFailedError(
+        f'could not write {what} in {where}: {reason}. Files '
+        'written before are intact; fix the cause (free disk space, permissions) and rerun '
+        'with --resume') from e
+
+
+def _checkpoint_completed_rounds(c: LoopComponents, progress: _Progress) -> None:
+  """Checkpoints the last completed round if it was not (so --resume re-executes nothing)."""
+  if progress.round_num > progress.checkpointed:
+    try:
+      c.run_dir.save_checkpoint(
+          _program_state(progress.state, progress.round_num, c.aggregates, progress.recent),
+          progress.round_num)
+      progress.checkpointed = progress.round_num
+    except (OSError, tf.errors.OpError) as e:
+      c.log(f'could not checkpoint round {progress.round_num} ({e}); --resume restarts from '
+            f'round {progress.checkpointed + 1}')
+
+
+def _run_rounds(config: LoopConfig, c: LoopComponents, client_data, progress: _Progress,
+                last_record, summary, stop) -> None:
+  """Rounds progress.round_num+1..total_rounds; `progress` tracks the last completed one."""
   process = c.process
-  round_num = start_round - 1
-  for round_num in range(start_round, config.total_rounds + 1):
+  state, recent = progress.state, progress.recent
+  for round_num in range(progress.round_num + 1, config.total_rounds + 1):
+    if stop.received is not None:
+      _checkpoint_completed_rounds(c, progress)
+      summary['stopped_by_signal'] = stop.name
+      c.log(f'stopped by {stop.name} after round {progress.round_num}; checkpoint and ledger '
+            'are consistent, continue with --resume')
+      return
     if config.max_epsilon is not None:
       predicted = _predicted_epsilon(c, round_num, last_record)
       if predicted is not None and predicted > config.max_epsilon:
         c.log(f'stopping before round {round_num}: epsilon would reach {predicted:.4g} > '
               f'--max_epsilon={config.max_epsilon:g}')
         summary['stopped_by_max_epsilon'] = True
-        round_num -= 1
-        break
+        return
 
     round_start = time.perf_counter()
     client_ids = c.sampler.sample(round_num)
     row: dict[str, Any] = {'round': round_num, 'num_clients': len(client_ids)}
-    if client_ids:
-      t0 = time.perf_counter()
-      datasets = client_data.get(client_ids)
+    t0 = time.perf_counter()
+    datasets, rejected = client_data.get(client_ids) if client_ids else ([], {})
+    if rejected:
+      row['clients_rejected'] = len(rejected)
+      for cid, reason in list(rejected.items())[:5]:
+        c.log(f'round {round_num}: client {cid} skipped: {reason}')
+    if datasets:
       if round_num < config.total_rounds:
         client_data.prefetch(c.sampler.sample(round_num + 1))
-      output = process.next(state, datasets)
+      try:
+        output = process.next(state, datasets)
+      except Exception as e:  # pylint: disable=broad-except
+        if stop.received is not None:   # Ctrl-C also reached the worker: round abandoned.
+          continue   # The check at the top of the loop checkpoints and stops.
+        first_line = (str(e).strip().splitlines() or [''])[0][:300]
+        failure = errors.RunFailedError(
+            f'round {round_num} failed in the TFF runtime ({type(e).__name__}: {first_line}). '
+            f'Nothing of round {round_num} was written; outputs are complete up to round '
+            f'{progress.round_num}. Rerun with --resume')
+        failure.previous_round_intact = True   # State/aggregates are still those of the last
+        raise failure from e                   # completed round: safe to checkpoint it.
       row['round_seconds'] = time.perf_counter() - t0
       state = output.state
       metrics = output.metrics
@@ -196,7 +272,8 @@ def _run_rounds(config: LoopConfig, c: LoopComponents, client_data, state, start
                              'to train without a ledger record')
         last_record = ledger_lib.RoundRecord(
             round_num, c.sampler.sampling_event(), tuple(queries))
-        c.ledger.append(last_record)   # Durable before any output of the round is released.
+        with _writing(f'the ledger record of round {round_num}', c.ledger.path):
+          c.ledger.append(last_record)   # Durable before any output of the round is released.
         c.accountant.add(last_record)
       train = metrics['client_work']['train']
       row['train_loss'] = float(train['loss'])
@@ -204,9 +281,9 @@ def _run_rounds(config: LoopConfig, c: LoopComponents, client_data, state, start
         row['train_accuracy'] = float(train['accuracy'])
       _flatten('aggregator', metrics['aggregator'], row)
     else:
-      # Poisson sampling drew nobody: nothing data-dependent is computed or released.
+      # Poisson sampling drew nobody (or every sampled client was skipped): no query runs.
       row['round_seconds'] = 0.0
-      c.log(f'round {round_num}: no client sampled; model unchanged')
+      c.log(f'round {round_num}: no client to train; model unchanged')
 
     if c.accountant is not None:
       epsilons = c.accountant.epsilon()
@@ -242,15 +319,24 @@ def _run_rounds(config: LoopConfig, c: LoopComponents, client_data, state, start
           for name, value in c.evaluator.evaluate(agg_weights).items():
             row[f'eval_{agg_name}_{name}'] = value
 
-    if round_num % config.rounds_per_checkpoint == 0 or is_last:
-      # Before any output of the round is released (see _reconcile_ledger).
-      c.run_dir.save_checkpoint(_program_state(state, round_num, c.aggregates, recent), round_num)
-    # Whole round: sampling, data, TFF round, ledger, accounting, eval, checkpoint.
-    row['wall_seconds'] = time.perf_counter() - round_start
-    c.run_dir.metrics.append(row)
-    c.run_dir.write_summaries(round_num, row)
+    checkpoint_now = (round_num % config.rounds_per_checkpoint == 0 or is_last
+                      or stop.received is not None)
+    with _writing(f'the outputs of round {round_num}', c.run_dir.path):
+      if checkpoint_now:
+        # Before any output of the round is released (see _reconcile_ledger).
+        c.run_dir.save_checkpoint(_program_state(state, round_num, c.aggregates, recent),
+                                  round_num)
+      # Whole round: sampling, data, TFF round, ledger, accounting, eval, checkpoint.
+      row['wall_seconds'] = time.perf_counter() - round_start
+      c.run_dir.metrics.append(row)
+      c.run_dir.write_summaries(round_num, row)
+    progress.round_num, progress.state = round_num, state
+    if checkpoint_now:
+      progress.checkpointed = round_num
     c.log(_console_line(row, config.total_rounds))
-  return round_num, state
+  if stop.received is not None and progress.round_num < config.total_rounds:
+    _checkpoint_completed_rounds(c, progress)   # The last round was abandoned by the signal.
+    summary['stopped_by_signal'] = stop.name
 
 
 def _write_uncertainty(c: LoopComponents, recent):

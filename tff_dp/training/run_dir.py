@@ -11,6 +11,7 @@ Layout of RUN_DIR = root_output_dir/experiment_name:
 
 import asyncio
 import csv
+import fcntl
 import json
 import math
 import os
@@ -99,6 +100,17 @@ def _csv_value(v):
   return v
 
 
+def _check_writable(root: str) -> None:
+  """Fails early, with the reason, if run directories cannot be created under `root`."""
+  try:
+    os.makedirs(root, exist_ok=True)
+    fd, probe = tempfile.mkstemp(dir=root, prefix='.write-test-')
+    os.close(fd)
+    os.remove(probe)
+  except OSError as e:
+    raise UserInputError(f'--root_output_dir {root} is not writable: {e.strerror or e}') from e
+
+
 class RunDirectory:
   """Creates or reopens RUN_DIR; all run outputs go through this object."""
 
@@ -115,11 +127,43 @@ class RunDirectory:
           'another --experiment_name (nothing was changed)')
     self.resume = resume
     self._created = False
+    self._lock_file = None
+    _check_writable(root_output_dir)
+    if resume:
+      self._lock()   # Before anything of the existing run is read.
+
+  def _lock(self) -> None:
+    """Holds an exclusive lock on RUN_DIR/.lock for the life of this process.
+
+    A second process pointed at the same run directory (a --resume while the run is still
+    going, or two runs started at once) is refused instead of interleaving ledger lines. The
+    kernel releases the lock when the process dies, even by SIGKILL.
+    """
+    f = open(self.file('.lock'), 'a+')  # pylint: disable=consider-using-with
+    try:
+      fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+      f.seek(0)
+      owner = f.read().strip() or 'another process'
+      f.close()
+      raise UserInputError(f'run directory {self.path} is in use by {owner}; wait for it to '
+                           'finish or stop it (nothing was changed)') from None
+    f.seek(0)
+    f.truncate()
+    f.write(f'pid {os.getpid()}\n')
+    f.flush()
+    self._lock_file = f
 
   def create(self) -> None:
     """Creates the directory tree; called only after all inputs were validated."""
-    for sub in ('', 'checkpoints', 'tensorboard', 'plots'):
-      os.makedirs(os.path.join(self.path, sub), exist_ok=True)
+    try:
+      os.makedirs(self.path, exist_ok=True)
+      if self._lock_file is None:
+        self._lock()
+      for sub in ('checkpoints', 'tensorboard', 'plots'):
+        os.makedirs(os.path.join(self.path, sub), exist_ok=True)
+    except OSError as e:
+      raise UserInputError(f'cannot create run directory {self.path}: {e.strerror or e}') from e
     self.metrics = MetricsCsv(self.file('metrics.csv'))
     self.state_manager = tff.program.FileProgramStateManager(
         self.file('checkpoints'), prefix='round_', keep_total=_KEEP_CHECKPOINTS, keep_first=False)

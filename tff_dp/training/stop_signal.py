@@ -1,0 +1,49 @@
+"""Graceful stop on SIGINT/SIGTERM: finish (or abandon) the current round, checkpoint, exit.
+
+The first signal only sets a flag; the loop checks it between rounds and stops after writing a
+checkpoint that matches the ledger. A round the signal interrupted inside TFF (Ctrl-C also
+reaches the worker_binary, which then dies) releases nothing: its ledger record is only written
+after the round returns. A second signal aborts at once (the ledger stays valid, see
+`tff_dp.ledger`).
+"""
+
+import signal
+import threading
+from typing import Callable, Optional
+
+
+class StopSignal:
+  """Context manager installing the handlers (main thread only; elsewhere a no-op)."""
+
+  SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+  def __init__(self, log: Callable[[str], None] = print):
+    self.received: Optional[int] = None
+    self._log = log
+    self._previous = {}
+
+  @property
+  def name(self) -> Optional[str]:
+    return None if self.received is None else signal.Signals(self.received).name
+
+  def _handle(self, signum, frame):
+    del frame
+    if self.received is not None:   # Second signal: stop now.
+      if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+      raise SystemExit(128 + signum)
+    self.received = signum
+    self._log(f'{signal.Signals(signum).name}: stopping after the current round with a '
+              'checkpoint (send it again to abort now)')
+
+  def __enter__(self):
+    if threading.current_thread() is threading.main_thread():
+      for s in self.SIGNALS:
+        self._previous[s] = signal.signal(s, self._handle)
+    return self
+
+  def __exit__(self, *exc):
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+    self._previous = {}
+    return False
