@@ -79,6 +79,18 @@ _MAX_CONCURRENT = flags.DEFINE_integer(
     'max_concurrent_computation_calls', -1,
     'Clients the TFF C++ worker trains concurrently (<= 0: all of a round\'s clients at once, '
     'TFF\'s default and the fastest; a cap bounds memory with many clients per round).')
+_WORKERS = flags.DEFINE_string(
+    'workers', None,
+    'Spread each round\'s clients over TFF workers at host:port,host:port,... (start one per '
+    'host with `python -m tff_dp.worker --port N`). Unset: one local TFF worker.')
+_WORKER_UNAVAILABLE_TIMEOUT = flags.DEFINE_float(
+    'worker_unavailable_timeout', 60.0,
+    'With --workers: seconds a worker may be unreachable before the round fails (TFF alone '
+    'would retry forever). The run then stops cleanly; --resume continues.')
+_WORKER_RPC_TIMEOUT = flags.DEFINE_float(
+    'worker_rpc_timeout', None,
+    'With --workers: deadline in seconds of each call to a worker (bounds a hung worker; must '
+    'exceed the longest client training call). Unset: none.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed for client sampling, model init and noise.')
 
 # Optimizers.
@@ -286,9 +298,16 @@ def main(argv):
       raise UserInputError(f'unknown --task {_TASK.value!r}; choose one of {", ".join(_TASKS)}')
     cfg = _config()
     cfg.validate()   # Cheap checks first: no data is loaded for a bad command line.
-    from tff_dp import runtime  # pylint: disable=g-import-not-at-top
-    runtime.configure_execution_context(
-        max_concurrent_computation_calls=_MAX_CONCURRENT.value)
+    if _WORKERS.value:
+      from tff_dp import distributed  # pylint: disable=g-import-not-at-top
+      distributed.install_worker_context(
+          distributed.parse_workers(_WORKERS.value),
+          unavailable_timeout=_WORKER_UNAVAILABLE_TIMEOUT.value,
+          rpc_timeout=_WORKER_RPC_TIMEOUT.value)
+    else:
+      from tff_dp import runtime  # pylint: disable=g-import-not-at-top
+      runtime.configure_execution_context(
+          max_concurrent_computation_calls=_MAX_CONCURRENT.value)
     summary = experiment.run(cfg, _task())
   except UserInputError as e:
     print(f'error: {e}', file=sys.stderr)

@@ -88,6 +88,7 @@ class ExperimentConfig:
       if not cond:
         raise UserInputError(msg)
     need(self.total_rounds >= 1, f'--total_rounds must be >= 1, got {self.total_rounds}')
+    need(0 <= self.seed < 2**32, f'--seed must be in [0, 2^32), got {self.seed}')
     need(self.clients_per_round >= 1,
          f'--clients_per_round must be a positive integer, got {self.clients_per_round}')
     need(self.rounds_per_eval >= 1, f'--rounds_per_eval must be >= 1, got {self.rounds_per_eval}')
@@ -162,8 +163,10 @@ def _sampler(cfg: ExperimentConfig, client_ids):
   return sampling.FixedSizeSampler(client_ids, cfg.clients_per_round, seed=cfg.seed)
 
 
-def _eval_dataset(task, max_examples: int):
-  raw = task.test_data.create_tf_dataset_from_all_clients()
+def _eval_dataset(task, max_examples: int, seed: int):
+  # TFF shuffles the client order with an unseeded RNG unless given a seed: with
+  # --max_eval_examples the evaluated subset would differ between runs (and across a resume).
+  raw = task.test_data.create_tf_dataset_from_all_clients(seed=seed)
   if max_examples:
     raw = raw.take(max_examples)
   return task.preprocess_eval(raw)
@@ -222,7 +225,7 @@ def run(cfg: ExperimentConfig, task, *, log=print) -> dict[str, Any]:
   # Keras models created before it ("Your Layer or Model is in an invalid state").
   evaluator = evaluation.CentralizedEvaluator(
       task.keras_model_fn, task.loss_fn, task.metrics_fn,
-      _eval_dataset(task, cfg.max_eval_examples))
+      _eval_dataset(task, cfg.max_eval_examples, cfg.seed))
   # Integer labels/tokens must index the model's outputs (checked once per client).
   max_index = evaluator.output_dim
   aggregates, train_policy = _checkpoint_aggregation(cfg)

@@ -1,0 +1,173 @@
+"""Client work spread across TFF worker processes on other hosts, on TFF's own runtime.
+
+`install_worker_context(["hostA:8000", "hostB:8000"])` makes every TFF computation run on those
+`worker_binary` processes (start one per host with `python -m tff_dp.worker --port 8000`):
+
+- per worker, the async execution context TFF's own local C++ context is made of: a
+  `tff.framework.RemoteExecutor` over a `tff.framework.RemoteExecutorGrpcStub`, compiled with
+  `tff.backends.native.desugar_and_transform_to_native`;
+- over all of them, `tff.backends.native.create_mergeable_comp_execution_context`: TFF compiles
+  each computation to MergeableCompForm, runs `up_to_merge` on every worker with a contiguous
+  slice of the round's clients, combines the partial aggregates with the aggregations' own
+  `merge`, and runs `after_merge` (server update, DP noise, clip update) once.
+
+A FedAvg round with our DP aggregators has one logical aggregation (the noised sum, the
+clipped-count sum and the metric sums are parallel), which is what the mergeable form needs;
+the DP state (adaptive clip) is carried on the coordinator like any server state. TFF 0.87 has no
+C++ composing or multi-channel remote stack; see BUILD_NOTES.md.
+
+Faults: TFF retries a worker's UNAVAILABLE error forever and sets no gRPC deadline, so a dead
+worker would hang the round. Our stub gives up after `unavailable_timeout` seconds of
+unavailability with `WorkerUnavailableError`, and a per-call deadline (`rpc_timeout`) bounds a
+hung worker; the training loop turns either into one clear error with nothing of the round
+written, and `--resume` continues once the worker is back.
+"""
+
+import collections
+import time
+from typing import Optional, Sequence
+
+import grpc
+import tensorflow_federated as tff
+# Not re-exported under tff.*: the argument/result transforms TFF's own native contexts use.
+from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation
+
+from tff_dp.errors import UserInputError
+
+# TFF's own channel options for its local worker (executor_factory.py), plus a short reconnect
+# backoff so a restarted worker is picked up in about a second instead of up to two minutes.
+_CHANNEL_OPTIONS = [
+    ('grpc.max_message_length', 2 * 1000 * 1000 * 1000),
+    ('grpc.max_receive_message_length', 2 * 1000 * 1000 * 1000),
+    ('grpc.max_send_message_length', 2 * 1000 * 1000 * 1000),
+    ('grpc.initial_reconnect_backoff_ms', 200),
+    ('grpc.min_reconnect_backoff_ms', 200),
+    ('grpc.max_reconnect_backoff_ms', 1000),
+]
+
+
+class WorkerUnavailableError(RuntimeError):
+  """A worker stayed unreachable for longer than the allowed time (not retried by TFF)."""
+
+
+def parse_workers(spec: str) -> list[str]:
+  """'hostA:8000,hostB:8000' -> ['hostA:8000', 'hostB:8000'] (UserInputError if malformed)."""
+  addresses = [a.strip() for a in spec.split(',') if a.strip()]
+  if not addresses:
+    raise UserInputError('--workers needs at least one host:port')
+  for a in addresses:
+    host, sep, port = a.rpartition(':')
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+      raise UserInputError(f'--workers: expected host:port, got {a!r}')
+  if len(set(addresses)) != len(addresses):
+    raise UserInputError(f'--workers lists a worker twice: {spec!r}')
+  return addresses
+
+
+class _CallDetails(
+    collections.namedtuple('_CallDetails', ('method', 'timeout', 'metadata', 'credentials',
+                                            'wait_for_ready', 'compression')),
+    grpc.ClientCallDetails):
+  pass
+
+
+class _DeadlineInterceptor(grpc.UnaryUnaryClientInterceptor):
+  """Gives every call a deadline (TFF's stub sets none): a hung worker then fails the round."""
+
+  def __init__(self, seconds: float):
+    self._seconds = seconds
+
+  def intercept_unary_unary(self, continuation, details, request):
+    return continuation(_CallDetails(details.method, self._seconds, details.metadata,
+                                     details.credentials, details.wait_for_ready,
+                                     details.compression), request)
+
+
+class _FailFastStub(tff.framework.RemoteExecutorGrpcStub):
+  """TFF's stub, but unavailability longer than `unavailable_timeout` s is a hard error."""
+
+  def __init__(self, channel, address: str, unavailable_timeout: float):
+    super().__init__(channel)
+    self._address = address
+    self._timeout = unavailable_timeout
+    self._unavailable_since: Optional[float] = None
+
+  def _call(self, method, request):
+    try:
+      result = getattr(super(), method)(request)
+    except tff.framework.RetryableError as e:
+      now = time.monotonic()
+      if self._unavailable_since is None:
+        self._unavailable_since = now
+      if now - self._unavailable_since > self._timeout:
+        raise WorkerUnavailableError(
+            f'worker {self._address} unreachable for {now - self._unavailable_since:.0f}s '
+            f'({" ".join(str(e).split())[:160]})') from e
+      raise
+    self._unavailable_since = None
+    return result
+
+  def get_executor(self, request):
+    return self._call('get_executor', request)
+
+  def create_value(self, request):
+    return self._call('create_value', request)
+
+  def create_call(self, request):
+    return self._call('create_call', request)
+
+  def create_struct(self, request):
+    return self._call('create_struct', request)
+
+  def create_selection(self, request):
+    return self._call('create_selection', request)
+
+  def compute(self, request):
+    return self._call('compute', request)
+
+  def dispose(self, request):
+    return self._call('dispose', request)
+
+  def dispose_executor(self, request):
+    return self._call('dispose_executor', request)
+
+
+def _worker_context(address: str, unavailable_timeout: float, rpc_timeout: Optional[float],
+                    connect_timeout: float):
+  channel = grpc.insecure_channel(address, _CHANNEL_OPTIONS)
+  if rpc_timeout:
+    channel = grpc.intercept_channel(channel, _DeadlineInterceptor(rpc_timeout))
+  stub = _FailFastStub(channel, address, unavailable_timeout)
+  deadline = time.monotonic() + connect_timeout
+  while not stub.is_ready:
+    if time.monotonic() > deadline:
+      raise UserInputError(
+          f'no TFF worker answers at {address}; start one there with '
+          f'`python -m tff_dp.worker --port {address.rpartition(":")[2]}`')
+    time.sleep(0.1)
+
+  def stack_fn(cardinalities):
+    cardinalities.setdefault(tff.CLIENTS, 0)  # Inferred from the client list, as TFF does.
+    executor = tff.framework.RemoteExecutor(stub)
+    executor.set_cardinalities(cardinalities)
+    return executor
+
+  return tff.framework.AsyncExecutionContext(
+      executor_fn=tff.framework.ResourceManagingExecutorFactory(stack_fn),
+      compiler_fn=tff.backends.native.desugar_and_transform_to_native,
+      transform_args=tensorflow_computation.transform_args,
+      transform_result=tensorflow_computation.transform_result)
+
+
+def install_worker_context(addresses: Sequence[str], *, unavailable_timeout: float = 60.0,
+                           rpc_timeout: Optional[float] = None,
+                           connect_timeout: float = 30.0):
+  """Makes TFF run every computation on the workers at `addresses`; returns the context."""
+  if unavailable_timeout <= 0 or (rpc_timeout is not None and rpc_timeout <= 0):
+    raise UserInputError('--worker_unavailable_timeout and --worker_rpc_timeout must be > 0')
+  connect_timeout = min(connect_timeout, unavailable_timeout)
+  contexts = [_worker_context(a, unavailable_timeout, rpc_timeout, connect_timeout)
+              for a in addresses]
+  context = tff.backends.native.create_mergeable_comp_execution_context(contexts)
+  tff.framework.set_default_context(context)
+  return context

@@ -1,0 +1,55 @@
+"""Starts one TFF worker (the C++ `worker_binary` shipped in the TFF wheel) on this machine.
+
+  python -m tff_dp.worker --port 8000 [--max_concurrent_computation_calls -1]
+
+Run one per machine (or several per machine on different ports), then point the experiment at
+them: `run_experiment.py --workers=hostA:8000,hostB:8000`. The process *becomes* the worker
+(exec), so signals and exit codes are the worker's own; stop it with Ctrl-C / SIGTERM.
+The worker speaks TFF's executor-service gRPC protocol, unauthenticated and on all interfaces
+([::]:PORT): run it only on a trusted network (or firewall the port).
+"""
+
+import argparse
+import importlib.util
+import os
+import socket
+import sys
+
+
+def worker_binary_path() -> str:
+  """The worker binary of the installed TFF wheel (found without importing TF/TFF: fast)."""
+  spec = importlib.util.find_spec('tensorflow_federated')
+  if spec is None or not spec.submodule_search_locations:
+    return ''
+  return os.path.join(list(spec.submodule_search_locations)[0], 'data', 'worker_binary')
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog='python -m tff_dp.worker', description=__doc__.split(
+      '\n')[0])
+  parser.add_argument('--port', type=int, required=True, help='TCP port to serve on.')
+  parser.add_argument('--max_concurrent_computation_calls', type=int, default=-1,
+                      help='Clients this worker trains concurrently (<= 0: no limit).')
+  args = parser.parse_args(argv)
+  if not 0 < args.port < 65536:
+    print(f'error: --port must be in 1..65535, got {args.port}', file=sys.stderr)
+    return 2
+  with socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET) as probe:
+    try:
+      probe.bind(('', args.port))
+    except OSError as e:
+      print(f'error: port {args.port} is not available: {e.strerror}', file=sys.stderr)
+      return 2
+  binary = worker_binary_path()
+  if not os.path.isfile(binary):
+    print(f'error: TFF worker binary not found at {binary}', file=sys.stderr)
+    return 2
+  print(f'tff_dp worker: serving on port {args.port} ({socket.gethostname()}:{args.port})',
+        flush=True)
+  os.execv(binary, [binary, f'--port={args.port}',
+                    f'--max_concurrent_computation_calls={args.max_concurrent_computation_calls}'])
+  return 0  # Not reached.
+
+
+if __name__ == '__main__':
+  sys.exit(main())
