@@ -104,6 +104,20 @@ def test_worker_helper_refuses_a_busy_port(workers):
   assert proc.returncode == 2 and f'port {workers[0].port} is not available' in proc.stderr
 
 
+def test_worker_restarts_on_the_port_of_a_killed_worker():
+  # A killed worker leaves its accepted connections closing (FIN_WAIT, then TIME_WAIT) on its
+  # port for up to a minute; the helper must still start there (CI once failed here).
+  worker = Worker(portpicker.pick_unused_port()).start()
+  try:
+    with socket.create_connection(('127.0.0.1', worker.port), timeout=5):
+      time.sleep(0.3)   # Accepted by the server.
+      worker.stop(signal.SIGKILL)
+      worker.start()
+      assert worker.proc.poll() is None
+  finally:
+    worker.stop()
+
+
 def test_unreachable_worker_is_a_clear_error(tmp_path):
   port = portpicker.pick_unused_port()
   code, _, err = _run(_FLAGS + ['--total_rounds=1', f'--root_output_dir={tmp_path}',

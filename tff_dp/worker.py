@@ -35,6 +35,10 @@ def main(argv=None) -> int:
     print(f'error: --port must be in 1..65535, got {args.port}', file=sys.stderr)
     return 2
   with socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET) as probe:
+    # SO_REUSEADDR as gRPC's server sets it: a port whose previous worker died keeps its
+    # connections in TIME_WAIT for a minute, which must not block a restart; a live listener
+    # still refuses the bind.
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
       probe.bind(('', args.port))
     except OSError as e:
