@@ -55,6 +55,11 @@ def list_tables(experiments_dir: str) -> list[str]:
                 if glob.glob(os.path.join(experiments_dir, d, '*.flags')))
 
 
+def arm_name(arm_file: str) -> str:
+  """experiments/TABLE/adaptive.flags -> 'adaptive' (also the run directory's name)."""
+  return os.path.basename(arm_file)[:-len('.flags')]
+
+
 def arm_files(table_dir: str) -> list[str]:
   return sorted(p for p in glob.glob(os.path.join(table_dir, '*.flags'))
                 if os.path.basename(p) != _SMOKE_FLAGS)
@@ -69,7 +74,7 @@ def _run_state(run_dir: str) -> str:
 
 def arm_command(arm_file: str, table_dir: str, runs_dir: str, scale: str, data_dir: str,
                 extra: list[str]) -> list[str]:
-  name = os.path.basename(arm_file)[:-len('.flags')]
+  name = arm_name(arm_file)
   cmd = [sys.executable, os.path.join(_HERE, 'run_experiment.py'), f'--flagfile={arm_file}']
   if scale == 'smoke':
     cmd.append(f'--flagfile={os.path.join(table_dir, _SMOKE_FLAGS)}')
@@ -100,13 +105,13 @@ def reproduce_table(table: str, *, scale: str, data_dir: str, root_output_dir: s
   runs_dir = os.path.join(out_dir, 'runs')
   files = arm_files(table_dir)
   if arms:
-    unknown = set(arms) - {os.path.basename(f)[:-len('.flags')] for f in files}
+    unknown = set(arms) - {arm_name(f) for f in files}
     if unknown:
       raise ValueError(f'unknown --arms {sorted(unknown)} for table {table}')
-    files = [f for f in files if os.path.basename(f)[:-len('.flags')] in arms]
+    files = [f for f in files if arm_name(f) in arms]
   failed, run_dirs = [], []
   for arm_file in files:
-    name = os.path.basename(arm_file)[:-len('.flags')]
+    name = arm_name(arm_file)
     run_dir = os.path.join(runs_dir, name)
     if _run_state(run_dir) == 'complete':
       print(f'[{table}] {name}: complete, skipped', flush=True)

@@ -214,7 +214,6 @@ _PAPER_RESULTS = flags.DEFINE_list(
 
 
 def _paper_results():
-  from tff_dp.errors import RunFailedError  # pylint: disable=g-import-not-at-top
   from tff_dp.errors import UserInputError  # pylint: disable=g-import-not-at-top
   results = {}
   for item in _PAPER_RESULTS.value:

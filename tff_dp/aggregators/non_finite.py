@@ -23,6 +23,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_dp.aggregators import wrapping
+
 MEASUREMENT_KEY = 'non_finite_zeroed'
 ZERO_KEY = 'zero_updates'
 
@@ -31,15 +33,10 @@ class NonFiniteZeroingFactory(tff.aggregators.UnweightedAggregationFactory):
   """Wraps `inner_factory`; client values with any NaN/Inf entry are replaced by zeros."""
 
   def __init__(self, inner_factory: tff.aggregators.UnweightedAggregationFactory):
-    if not isinstance(inner_factory, tff.aggregators.UnweightedAggregationFactory):
-      raise TypeError('inner_factory must be an UnweightedAggregationFactory, got '
-                      f'{type(inner_factory)}')
-    self._inner = inner_factory
+    self._inner = wrapping.check_inner_factory(inner_factory)
 
   def create(self, value_type) -> tff.templates.AggregationProcess:
-    for i, t in enumerate(tff.structure.flatten(value_type)):
-      if not (isinstance(t, tff.TensorType) and np.issubdtype(t.dtype, np.floating)):
-        raise TypeError(f'NonFiniteZeroingFactory needs float tensors; leaf {i} is {t}')
+    wrapping.float_leaf_types(value_type, 'NonFiniteZeroingFactory')
     inner_process = self._inner.create(value_type)
 
     @tff.tensorflow.computation(value_type)

@@ -18,6 +18,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_dp.adadps import preconditioner as precond_lib
+from tff_dp.aggregators import wrapping
 
 MEASUREMENT_KEY = 'preconditioned'
 
@@ -30,19 +31,13 @@ class PreconditionedFactory(tff.aggregators.UnweightedAggregationFactory):
                unscale: bool = False):
     if inner_factory is None:
       inner_factory = tff.aggregators.UnweightedMeanFactory()
-    if not isinstance(inner_factory, tff.aggregators.UnweightedAggregationFactory):
-      raise TypeError('inner_factory must be an UnweightedAggregationFactory, got '
-                      f'{type(inner_factory)}')
+    self._inner = wrapping.check_inner_factory(inner_factory)
     self._scales = [np.asarray(s, np.float32) for s in scales]
-    self._inner = inner_factory
     self._unscale = bool(unscale)
 
   def create(self, value_type) -> tff.templates.AggregationProcess:
-    flat_types = tff.structure.flatten(value_type)
-    shapes = [tuple(t.shape) for t in flat_types]
-    for i, t in enumerate(flat_types):
-      if not (isinstance(t, tff.TensorType) and np.issubdtype(t.dtype, np.floating)):
-        raise TypeError(f'PreconditionedFactory needs float tensors; leaf {i} is {t}')
+    shapes = [tuple(t.shape) for t in
+              wrapping.float_leaf_types(value_type, 'PreconditionedFactory')]
     scales = precond_lib.validate_scales(self._scales, shapes, require_positive=self._unscale)
     inner_process = self._inner.create(value_type)
 

@@ -18,6 +18,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 from scipy import stats
 
+from tff_dp import atomic_write
 from tff_dp.errors import UserInputError
 
 
@@ -142,10 +143,6 @@ def write_uncertainty_report(path: str, *, confidence: float = 0.95,
                               max_per_example_values)
       for name, v in statistics.items()}
   report = _jsonable(report)
-  tmp = f'{path}.tmp{os.getpid()}'
-  with open(tmp, 'w') as f:
+  with atomic_write.replacing(path) as f:
     json.dump(report, f, indent=1, allow_nan=False)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
   return report

@@ -6,6 +6,7 @@
 import os
 from typing import Optional, Sequence
 
+from tff_dp import atomic_write
 from tff_dp.tables import markdown
 from tff_dp.tables import plots
 from tff_dp.tables.run_results import read_run
@@ -24,8 +25,5 @@ def build_tables(run_dirs: Sequence[str], output_dir: str, *, delta: Optional[fl
     pngs += plots.write_plots(group, output_dir, plots.slug(title))
   text += '\n## Plots\n\n' + '\n'.join(
       f'![{os.path.basename(p)}]({os.path.basename(p)})' for p in pngs) + '\n'
-  tmp = table_path + '.tmp'
-  with open(tmp, 'w') as f:
-    f.write(text)
-  os.replace(tmp, table_path)
+  atomic_write.write_text(table_path, text)
   return {'table': table_path, 'plots': pngs, 'results': results}

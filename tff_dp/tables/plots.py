@@ -10,6 +10,7 @@ matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-top
 
 from tff_dp.tables.run_results import RunResult  # noqa: E402
+from tff_dp.training import metrics_file  # noqa: E402
 
 # Model variants evaluated in a run: the last iterate and the checkpoint aggregates.
 _VARIANTS = (('eval_accuracy', '', '-'), ('eval_ema_accuracy', ' (EMA)', '--'),
@@ -21,7 +22,7 @@ def slug(text: str) -> str:
 
 
 def _clip_columns(r: RunResult) -> list[str]:
-  return sorted(k for k in r.curve if k.endswith('l2_norm_clip') and 'clipped_count' not in k)
+  return sorted(k for k in r.curve if metrics_file.is_clip_column(k))
 
 
 def write_plots(results: Sequence[RunResult], out_dir: str, prefix: str) -> list[str]:

@@ -6,15 +6,15 @@ table's delta (the paper's, when the run names one), never taken from the metric
 ledger is the privacy record of truth (McMahan & Andrew), and papers differ in delta.
 """
 
-import csv
 import dataclasses
 import json
 import math
 import os
-from typing import Any, Optional
+from typing import Optional
 
 from tff_dp import ledger as ledger_lib
 from tff_dp.errors import UserInputError
+from tff_dp.training import metrics_file
 
 # Paper result keys that are not evaluation metrics of the model.
 PRIVACY_AND_SCHEDULE_KEYS = ('epsilon', 'delta', 'rounds')
@@ -40,21 +40,6 @@ class RunResult:
   @property
   def label(self) -> str:
     return self.paper_arm or self.name
-
-
-def _float_or_nan(value) -> float:
-  try:
-    return float(value) if value not in ('', None) else math.nan
-  except ValueError:
-    return math.nan
-
-
-def _read_metrics(path: str) -> list[dict[str, float]]:
-  if not os.path.exists(path):
-    return []
-  with open(path, newline='') as f:
-    return [{k: _float_or_nan(v) for k, v in row.items() if k is not None}
-            for row in csv.DictReader(f)]
 
 
 def _epsilon_curve(ledger_path: str, delta: float, method: str) -> list[tuple[int, float]]:
@@ -85,7 +70,7 @@ def read_run(path: str, *, delta: Optional[float] = None, method: str = 'rdp') -
       config = json.load(f)
   except (OSError, json.JSONDecodeError) as e:
     raise UserInputError(f'{config_path} is unreadable: {e}') from None
-  rows = _read_metrics(os.path.join(path, 'metrics.csv'))
+  rows = metrics_file.read_rows(os.path.join(path, 'metrics.csv'))
   paper = config.get('paper_results') or {}
   if delta is None:
     delta = paper.get('delta') or config.get('delta_used')

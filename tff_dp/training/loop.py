@@ -19,6 +19,7 @@ from tff_dp import ledger as ledger_lib
 from tff_dp.aggregators import privacy_queries as privacy_queries_lib
 from tff_dp.training import client_data as client_data_lib
 from tff_dp.training import evaluation
+from tff_dp.training import metrics_file
 from tff_dp.training import plots
 from tff_dp.training import run_dir as run_dir_lib
 from tff_dp.training import stop_signal
@@ -158,10 +159,6 @@ def run_training(config: LoopConfig, c: LoopComponents) -> dict[str, Any]:
   with stop_signal.StopSignal(c.log) as stop:
     try:
       _run_rounds(config, c, client_data, progress, last_record, summary, stop)
-    except errors.RunFailedError as e:
-      if getattr(e, 'previous_round_intact', False):
-        _checkpoint_completed_rounds(c, progress)
-      raise
     finally:
       client_data.close()
   round_num, state = progress.round_num, progress.state
@@ -255,13 +252,13 @@ def _run_rounds(config: LoopConfig, c: LoopComponents, client_data, progress: _P
       except Exception as e:  # pylint: disable=broad-except
         if stop.received is not None:   # Ctrl-C also reached the worker: round abandoned.
           continue   # The check at the top of the loop checkpoints and stops.
+        # State and aggregates are still those of the last completed round: checkpoint it.
+        _checkpoint_completed_rounds(c, progress)
         first_line = (str(e).strip().splitlines() or [''])[0][:300]
-        failure = errors.RunFailedError(
+        raise errors.RunFailedError(
             f'round {round_num} failed in the TFF runtime ({type(e).__name__}: {first_line}). '
             f'Nothing of round {round_num} was written; outputs are complete up to round '
-            f'{progress.round_num}. Rerun with --resume')
-        failure.previous_round_intact = True   # State/aggregates are still those of the last
-        raise failure from e                   # completed round: safe to checkpoint it.
+            f'{progress.round_num}. Rerun with --resume') from e
       row['round_seconds'] = time.perf_counter() - t0
       state = output.state
       metrics = output.metrics
@@ -353,7 +350,7 @@ def _console_line(row: Mapping[str, Any], total_rounds: int) -> str:
     parts.append(f'loss {row["train_loss"]:.4f}')
   if 'train_accuracy' in row:
     parts.append(f'acc {row["train_accuracy"]:.4f}')
-  clips = [v for k, v in row.items() if k.endswith('l2_norm_clip') and 'clipped_count' not in k]
+  clips = [v for k, v in row.items() if metrics_file.is_clip_column(k)]
   if len(clips) == 1:
     parts.append(f'clip {clips[0]:.4g}')
   elif clips:

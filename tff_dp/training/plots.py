@@ -1,6 +1,5 @@
 """PNG plots written by every run: epsilon vs round, clip norm(s) vs round, accuracy vs epsilon."""
 
-import csv
 import math
 import os
 
@@ -9,17 +8,14 @@ import matplotlib
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-top
 
+from tff_dp.training import metrics_file  # noqa: E402
+
 
 def _read_columns(metrics_csv: str) -> dict[str, list[float]]:
-  with open(metrics_csv, newline='') as f:
-    rows = list(csv.DictReader(f))
   columns: dict[str, list[float]] = {}
-  for row in rows:
+  for row in metrics_file.read_rows(metrics_csv):
     for key, value in row.items():
-      try:
-        columns.setdefault(key, []).append(float(value) if value not in ('', None) else math.nan)
-      except ValueError:
-        columns.setdefault(key, []).append(math.nan)
+      columns.setdefault(key, []).append(value)
   return columns
 
 
@@ -53,7 +49,7 @@ def write_run_plots(metrics_csv: str, out_dir: str) -> list[str]:
     ax.legend()
     save(fig, 'epsilon_vs_round.png')
 
-  clip_cols = sorted(k for k in cols if k.endswith('l2_norm_clip') and 'clipped_count' not in k)
+  clip_cols = sorted(k for k in cols if metrics_file.is_clip_column(k))
   if clip_cols:
     fig, ax = plt.subplots(figsize=(6, 4))
     for k in clip_cols[:20]:

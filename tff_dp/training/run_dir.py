@@ -22,18 +22,10 @@ from typing import Any, Mapping
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_dp import atomic_write
 from tff_dp.errors import UserInputError
 
 _KEEP_CHECKPOINTS = 3
-
-
-def _atomic_write_text(path: str, text: str) -> None:
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix='.tmp-')
-  with os.fdopen(fd, 'w') as f:
-    f.write(text)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
 
 
 class MetricsCsv:
@@ -58,14 +50,10 @@ class MetricsCsv:
       return list(csv.DictReader(f))
 
   def _rewrite(self, rows, columns) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), prefix='.tmp-')
-    with os.fdopen(fd, 'w', newline='') as f:
+    with atomic_write.replacing(self.path, newline='') as f:
       writer = csv.DictWriter(f, fieldnames=columns, restval='')
       writer.writeheader()
       writer.writerows(rows)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, self.path)
     self._columns = list(columns)
 
   def append(self, row: Mapping[str, Any]) -> None:
@@ -176,12 +164,12 @@ class RunDirectory:
   def write_config(self, config: Mapping[str, Any]) -> None:
     entry = dict(config, _written_at=time.strftime('%Y-%m-%dT%H:%M:%S'))
     if not os.path.exists(self.file('config.json')):
-      _atomic_write_text(self.file('config.json'), json.dumps(entry, indent=2, sort_keys=True))
+      atomic_write.write_text(self.file('config.json'), json.dumps(entry, indent=2, sort_keys=True))
     with open(self.file('config_history.jsonl'), 'a') as f:
       f.write(json.dumps(entry, sort_keys=True) + '\n')
 
   def write_json(self, name: str, obj: Mapping[str, Any]) -> None:
-    _atomic_write_text(self.file(name), json.dumps(dict(obj), indent=2, sort_keys=True))
+    atomic_write.write_text(self.file(name), json.dumps(dict(obj), indent=2, sort_keys=True))
 
   def read_config(self) -> dict[str, Any]:
     with open(self.file('config.json')) as f:

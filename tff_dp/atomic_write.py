@@ -1,0 +1,30 @@
+"""Whole-file writes that readers never see half done: a temporary file beside the target,
+fsynced, then renamed over it. A crash or a full disk leaves the previous file intact (the
+run directory's config and summaries, rewritten metrics CSVs, result tables, reports)."""
+
+import contextlib
+import os
+import tempfile
+from typing import Iterator, Optional, TextIO
+
+
+@contextlib.contextmanager
+def replacing(path: str, newline: Optional[str] = None) -> Iterator[TextIO]:
+  """Yields a text file; when the block ends without error it replaces `path` atomically."""
+  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix='.tmp-')
+  try:
+    with os.fdopen(fd, 'w', newline=newline) as f:
+      yield f
+      f.flush()
+      os.fsync(f.fileno())
+    os.chmod(tmp, 0o644)   # mkstemp creates 0600; outputs are meant to be read and copied.
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    raise
+
+
+def write_text(path: str, text: str) -> None:
+  with replacing(path) as f:
+    f.write(text)
