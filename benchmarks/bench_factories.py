@@ -18,7 +18,6 @@ round. Usage: python benchmarks/bench_factories.py [--rounds 5] [--tasks emnist,
 import argparse
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tensorflow_federated as tff  # noqa: E402
 
+import bench_common  # noqa: E402
 import tasks  # noqa: E402
 from tasks import synthetic_data  # noqa: E402
 from tff_dp import accounting  # noqa: E402
@@ -62,10 +62,8 @@ def _arms(task, clients):
       'adadps_client': (ours('adaptive'), wiring.client_optimizer('sgd', 0.1, ones)),
       'adadps_server': (wiring.server_aggregator(ones, ours('adaptive')), sgd(0.1)),
   }
-  return {name: tff.learning.algorithms.build_unweighted_fed_avg(
-      task.model_fn, client_optimizer_fn=opt,
-      server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0, momentum=0.9),
-      model_aggregator=agg) for name, (agg, opt) in arms.items()}
+  return {name: bench_common.fed_avg(task.model_fn, agg, client_optimizer=opt)
+          for name, (agg, opt) in arms.items()}
 
 
 def _status_kib(pid, field) -> int:
@@ -84,8 +82,7 @@ def _mib(pids, field) -> float:
 
 def bench_task(name, data_dir, clients, rounds):
   task = tasks.build_task(name, data_dir, client_batch_size=20)
-  ids = list(task.train_data.client_ids)[:clients]
-  data = [task.preprocess_train(task.train_data.create_tf_dataset_for_client(i)) for i in ids]
+  data = bench_common.first_client_datasets(task, clients)
   processes = _arms(task, clients)
   states = {k: p.initialize() for k, p in processes.items()}
   peaks = {}
@@ -99,14 +96,7 @@ def bench_task(name, data_dir, clients, rounds):
       states[k] = p.next(states[k], data).state
     peak = _mib(pids, 'VmHWM')
     peaks[k] = (peak, peak - baseline)
-  times = {k: [] for k in processes}
-  names = list(processes)
-  for i in range(rounds):
-    for k in names[i % len(names):] + names[:i % len(names)]:
-      t0 = time.perf_counter()
-      states[k] = processes[k].next(states[k], data).state
-      times[k].append(time.perf_counter() - t0)
-  return {k: statistics.median(v) for k, v in times.items()}, peaks
+  return bench_common.interleaved_median_seconds(processes, states, data, rounds), peaks
 
 
 def ledger_cost(rounds: int = 300) -> dict:

@@ -6,17 +6,15 @@ Usage: python benchmarks/bench_rounds.py [--rounds 6] [--tasks emnist,stackoverf
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tff_dp  # noqa: E402,F401
-import tensorflow_federated as tff  # noqa: E402
 
+import bench_common  # noqa: E402
 import tasks  # noqa: E402
 from tasks import synthetic_data  # noqa: E402
 from tff_dp import aggregators  # noqa: E402
@@ -28,38 +26,20 @@ _TASK_OPTIONS = {
 }
 
 
-def _process(task, aggregator):
-  return tff.learning.algorithms.build_unweighted_fed_avg(
-      task.model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1),
-      server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0, momentum=0.9),
-      model_aggregator=aggregator)
-
-
 def bench_task(name, data_dir, clients, rounds):
   task = tasks.build_task(name, data_dir, client_batch_size=20, **_TASK_OPTIONS[name])
-  ids = list(task.train_data.client_ids)[:clients]
-  datasets = [task.preprocess_train(task.train_data.create_tf_dataset_for_client(i)) for i in ids]
-  datasets = [ds.cache() for ds in datasets]
+  datasets = [ds.cache() for ds in bench_common.first_client_datasets(task, clients)]
   arms = {
-      'plain': _process(task, None),
-      'dp_fixed': _process(task, aggregators.build_dp_aggregator(
+      'plain': bench_common.fed_avg(task.model_fn),
+      'dp_fixed': bench_common.fed_avg(task.model_fn, aggregators.build_dp_aggregator(
           'fixed', noise_multiplier=0.5, clients_per_round=float(clients), clip=1.0)),
-      'dp_adaptive': _process(task, aggregators.build_dp_aggregator(
+      'dp_adaptive': bench_common.fed_avg(task.model_fn, aggregators.build_dp_aggregator(
           'adaptive', noise_multiplier=0.5, clients_per_round=float(clients), clip=1.0)),
   }
   states = {k: p.initialize() for k, p in arms.items()}
   for k, p in arms.items():  # Warm-up: tracing and first-call costs are not round time.
     states[k] = p.next(states[k], datasets).state
-  times = {k: [] for k in arms}
-  names = list(arms)
-  for i in range(rounds):
-    # Rotate the arm order every round so position effects do not favour one arm.
-    for k in names[i % len(names):] + names[:i % len(names)]:
-      p = arms[k]
-      t0 = time.perf_counter()
-      states[k] = p.next(states[k], datasets).state
-      times[k].append(time.perf_counter() - t0)
-  return {k: statistics.median(v) for k, v in times.items()}
+  return bench_common.interleaved_median_seconds(arms, states, datasets, rounds)
 
 
 def main():

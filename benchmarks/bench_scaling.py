@@ -21,8 +21,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tff_dp  # noqa: E402,F401
 import portpicker  # noqa: E402
-import tensorflow_federated as tff  # noqa: E402
 
+import bench_common  # noqa: E402
 import tasks  # noqa: E402
 from tasks import synthetic_data  # noqa: E402
 from tff_dp import aggregators  # noqa: E402
@@ -31,16 +31,14 @@ from tff_dp import runtime  # noqa: E402
 
 
 def _process(task, clients):
-  return tff.learning.algorithms.build_unweighted_fed_avg(
-      task.model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.05),
-      server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0, momentum=0.9),
-      model_aggregator=aggregators.build_dp_aggregator(
-          'adaptive', noise_multiplier=0.5, clients_per_round=float(clients), clip=0.1))
+  return bench_common.fed_avg(
+      task.model_fn, aggregators.build_dp_aggregator(
+          'adaptive', noise_multiplier=0.5, clients_per_round=float(clients), clip=0.1),
+      client_learning_rate=0.05)
 
 
 def _seconds_per_round(task, clients, rounds):
-  ids = list(task.train_data.client_ids)[:clients]
-  data = [task.preprocess_train(task.train_data.create_tf_dataset_for_client(i)) for i in ids]
+  data = bench_common.first_client_datasets(task, clients)
   process = _process(task, clients)
   state = process.next(process.initialize(), data).state   # Warm-up: tracing, compilation.
   times = []

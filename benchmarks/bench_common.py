@@ -1,0 +1,39 @@
+"""Pieces every round-time benchmark shares: the clients, the FedAvg process, the timed loop."""
+
+import statistics
+import time
+
+import tensorflow_federated as tff
+
+
+def first_client_datasets(task, clients: int) -> list:
+  """Preprocessed training datasets of the task's first `clients` clients (the same each round)."""
+  ids = list(task.train_data.client_ids)[:clients]
+  return [task.preprocess_train(task.train_data.create_tf_dataset_for_client(i)) for i in ids]
+
+
+def fed_avg(model_fn, aggregator=None, *, client_learning_rate: float = 0.1,
+            client_optimizer=None):
+  """Unweighted FedAvg: client SGD (or `client_optimizer`), server SGD lr 1 with momentum 0.9."""
+  return tff.learning.algorithms.build_unweighted_fed_avg(
+      model_fn,
+      client_optimizer_fn=client_optimizer or tff.learning.optimizers.build_sgdm(
+          client_learning_rate),
+      server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0, momentum=0.9),
+      model_aggregator=aggregator)
+
+
+def interleaved_median_seconds(processes: dict, states: dict, data, rounds: int) -> dict:
+  """Median seconds per round of each process; `states` (already warmed up) is advanced.
+
+  Arms run round by round in an order rotated every round, so position effects and machine
+  noise hit every arm alike.
+  """
+  names = list(processes)
+  times = {k: [] for k in names}
+  for i in range(rounds):
+    for k in names[i % len(names):] + names[:i % len(names)]:
+      t0 = time.perf_counter()
+      states[k] = processes[k].next(states[k], data).state
+      times[k].append(time.perf_counter() - t0)
+  return {k: statistics.median(v) for k, v in times.items()}
