@@ -7,13 +7,14 @@ import sys
 
 import pytest
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from run_helpers import REPO
+from run_helpers import script
+from run_helpers import script_env
 
 
 def _run(args, cwd):
-  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL='3')
-  proc = subprocess.run([sys.executable, os.path.join(REPO, 'run_experiment.py')] + args,
-                        cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+  proc = subprocess.run(script('run_experiment.py') + args,
+                        cwd=cwd, env=script_env(), capture_output=True, text=True, timeout=300)
   return proc.returncode, proc.stdout, proc.stderr
 
 

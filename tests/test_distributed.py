@@ -1,6 +1,5 @@
 """--workers: a round's clients spread over TFF worker processes (loopback), faults, resume."""
 
-import csv
 import os
 import signal
 import socket
@@ -14,9 +13,11 @@ import pytest
 from tff_dp import distributed
 from tff_dp import ledger as ledger_lib
 from tff_dp.errors import UserInputError
+from run_helpers import metrics_rows
+from run_helpers import script
+from run_helpers import script_env
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_ENV = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL='3')
+_ENV = script_env()
 # Logistic regression (no dropout) with seeded shuffles: bit-reproducible up to the float
 # summation order of the cross-worker merge. Noise off, as the comparison needs.
 _FLAGS = ['--task=stackoverflow_tag', '--dp=adaptive', '--clip=0.5', '--noise_multiplier=0',
@@ -69,14 +70,9 @@ def workers():
 
 
 def _run(args, timeout=900):
-  proc = subprocess.run([sys.executable, os.path.join(REPO, 'run_experiment.py')] + args,
+  proc = subprocess.run(script('run_experiment.py') + args,
                         env=_ENV, capture_output=True, text=True, timeout=timeout)
   return proc.returncode, proc.stdout, proc.stderr
-
-
-def _rows(run_dir):
-  with open(os.path.join(run_dir, 'metrics.csv'), newline='') as f:
-    return list(csv.DictReader(f))
 
 
 _COMPARED = ('train_loss', 'eval_loss', 'eval_accuracy', 'eval_recall_at_5')
@@ -137,14 +133,14 @@ def test_two_workers_match_the_single_process_run_and_survive_a_killed_worker(wo
   cpu_before = [w.cpu_seconds() for w in workers]
   code, _, err = _run(common + ['--experiment_name=spread', f'--workers={addresses}'])
   assert code == 0, err[-2000:]
-  _assert_same_training(_rows(tmp_path / 'local'), _rows(tmp_path / 'spread'))
+  _assert_same_training(metrics_rows(tmp_path / 'local'), metrics_rows(tmp_path / 'spread'))
   # Both workers trained clients (the split is by contiguous client slices).
   assert all(w.cpu_seconds() - c > 0.5 for w, c in zip(workers, cpu_before))
 
   # Kill one worker in the middle of a run: the round fails with a clear error and writes
   # nothing; --resume finishes the run once the worker is back, with the same results.
   proc = subprocess.Popen(
-      [sys.executable, os.path.join(REPO, 'run_experiment.py')] + common + [
+      script('run_experiment.py') + common + [
           '--experiment_name=killed', f'--workers={addresses}',
           '--worker_unavailable_timeout=5'],
       env=_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -163,7 +159,7 @@ def test_two_workers_match_the_single_process_run_and_survive_a_killed_worker(wo
   assert failed >= 4
   run = tmp_path / 'killed'
   done = list(range(1, failed))
-  assert [int(r['round']) for r in _rows(run)] == done
+  assert [int(r['round']) for r in metrics_rows(run)] == done
   assert [r.round_num for r in ledger_lib.read_ledger(str(run / 'ledger.jsonl'))] == done
   assert sorted(os.listdir(run / 'checkpoints')) == [f'round_{failed - 1}']  # Not round 10.
 
@@ -174,4 +170,4 @@ def test_two_workers_match_the_single_process_run_and_survive_a_killed_worker(wo
   assert f'resuming at round {failed}' in out
   assert [r.round_num for r in ledger_lib.read_ledger(str(run / 'ledger.jsonl'))] == list(
       range(1, 7))
-  _assert_same_training(_rows(tmp_path / 'local'), _rows(run))
+  _assert_same_training(metrics_rows(tmp_path / 'local'), metrics_rows(run))

@@ -1,16 +1,12 @@
 """End-to-end DP-FedAvg runs through the real TFF loaders on generated TFF-format caches."""
 
-import csv
-import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
 import tensorflow_federated as tff
 
 import tasks
@@ -20,8 +16,10 @@ from tff_dp import ledger as ledger_lib
 from tff_dp import runtime
 from tff_dp.accounting import accountant as accountant_lib
 from tff_dp.training import experiment
+from run_helpers import metrics_rows
+from run_helpers import script
+from run_helpers import script_env
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Small but learnable settings per task (the word task uses a small vocabulary to stay fast).
 TASK_OPTIONS = {
@@ -45,11 +43,6 @@ def _task(name, data_dir):
                           shuffle_seed=0, **TASK_OPTIONS[name])
 
 
-def _read_metrics(run_dir):
-  with open(os.path.join(run_dir, 'metrics.csv'), newline='') as f:
-    return list(csv.DictReader(f))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize('task_name', tasks.TASK_NAMES)
 def test_three_round_dp_fedavg_learns_with_zero_noise(task_name, data_dir, tmp_path):
@@ -59,7 +52,7 @@ def test_three_round_dp_fedavg_learns_with_zero_noise(task_name, data_dir, tmp_p
       noise_multiplier=0.0, client_learning_rate=LEARNING_RATES[task_name],
       server_momentum=0.0, max_eval_examples=200)
   summary = experiment.run(cfg, _task(task_name, data_dir), log=lambda s: None)
-  rows = _read_metrics(summary['run_dir'])
+  rows = metrics_rows(summary['run_dir'])
   assert [int(r['round']) for r in rows] == [1, 2, 3]
   losses = [float(r['train_loss']) for r in rows]
   assert losses[-1] < losses[0], losses
@@ -100,10 +93,9 @@ def test_clip_is_honoured_per_client(task_name, data_dir):
 
 
 def _cli(args, log_path):
-  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL='3')
   log = open(log_path, 'a')
-  return subprocess.Popen([sys.executable, os.path.join(REPO, 'run_experiment.py')] + args,
-                          stdout=log, stderr=subprocess.STDOUT, env=env)
+  return subprocess.Popen(script('run_experiment.py') + args,
+                          stdout=log, stderr=subprocess.STDOUT, env=script_env())
 
 
 @pytest.mark.slow
@@ -132,13 +124,13 @@ def test_killed_run_resumes_with_identical_epsilon_curve(dp, data_dir, tmp_path)
       os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
       pass
-  rows_at_kill = len(_read_metrics(tmp_path / 'killed'))
+  rows_at_kill = len(metrics_rows(tmp_path / 'killed'))
   assert 2 <= rows_at_kill < 5
 
   resumed = _cli(common + ['--experiment_name=killed', '--resume'], tmp_path / 'killed.log')
   assert resumed.wait(timeout=600) == 0, (tmp_path / 'killed.log').read_text()
 
-  full_rows, resumed_rows = _read_metrics(tmp_path / 'full'), _read_metrics(tmp_path / 'killed')
+  full_rows, resumed_rows = metrics_rows(tmp_path / 'full'), metrics_rows(tmp_path / 'killed')
   assert [int(r['round']) for r in resumed_rows] == [1, 2, 3, 4, 5]
   for key in ('epsilon_rdp', 'epsilon_pld'):
     resumed_eps = [float(r[key]) for r in resumed_rows]

@@ -1,13 +1,11 @@
 """Faults and bad input: NaN/Inf updates, bad client data, unwritable/full disk, signals, locks."""
 
 import collections
-import csv
 import json
 import os
 import resource
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -22,8 +20,10 @@ from tff_dp import runtime
 from tff_dp.aggregators.non_finite import NonFiniteZeroingFactory
 from tff_dp.training import experiment
 from tff_dp.training import run_dir as run_dir_lib
+from run_helpers import metrics_rows
+from run_helpers import script
+from run_helpers import script_env
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_non_finite_update_is_zeroed_exactly_like_a_zero_update():
@@ -86,8 +86,7 @@ def test_bad_client_data_and_diverged_updates_never_reach_the_model(tmp_path):
       accounting=('rdp',), delta=1e-3)
   log = []
   summary = experiment.run(cfg, task, log=log.append)
-  with open(tmp_path / 'bad' / 'metrics.csv', newline='') as f:
-    rows = list(csv.DictReader(f))
+  rows = metrics_rows(tmp_path / 'bad')
   assert len(rows) == 3
   for row in rows:
     assert int(row['clients_rejected']) == 4          # empty, NaN, Inf, labels out of range
@@ -107,9 +106,8 @@ def test_bad_client_data_and_diverged_updates_never_reach_the_model(tmp_path):
 
 
 def _cli(args, **kwargs):
-  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL='3')
-  return subprocess.Popen([sys.executable, os.path.join(REPO, 'run_experiment.py')] + args,
-                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+  return subprocess.Popen(script('run_experiment.py') + args,
+                          env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           **kwargs)
 
 
@@ -144,11 +142,6 @@ def test_a_second_run_on_the_same_directory_is_refused(tmp_path):
     run_dir_lib.RunDirectory(str(tmp_path), 'exp', resume=True)   # In-process too.
 
 
-def _rows(path):
-  with open(path, newline='') as f:
-    return list(csv.DictReader(f))
-
-
 @pytest.mark.slow
 def test_disk_full_mid_run_loses_nothing_and_resume_completes(tmp_path):
   def limit_file_size():   # Every write past 3 MB fails (EFBIG), like a full disk.
@@ -162,12 +155,12 @@ def test_disk_full_mid_run_loses_nothing_and_resume_completes(tmp_path):
   assert len(lines) == 1 and 'could not write the outputs of round 2' in lines[0]
   assert 'File too large' in lines[0] and 'Traceback' not in err
   run = tmp_path / 'full'
-  assert [r['round'] for r in _rows(run / 'metrics.csv')] == ['1']
+  assert [r['round'] for r in metrics_rows(run)] == ['1']
   assert [r.round_num for r in ledger_lib.read_ledger(str(run / 'ledger.jsonl'))] == [1, 2]
   resumed = _cli(args + ['--resume'])
   out, err = resumed.communicate(timeout=600)
   assert resumed.returncode == 0, err
-  assert [r['round'] for r in _rows(run / 'metrics.csv')] == ['1', '2', '3', '4']
+  assert [r['round'] for r in metrics_rows(run)] == ['1', '2', '3', '4']
   # Round 2 released nothing: its record is set aside and the round re-executed once. Round 1
   # had released metrics without a checkpoint: it stays counted and is counted again.
   assert [r.round_num for r in ledger_lib.read_ledger(str(run / 'ledger.jsonl'))] == [
@@ -209,7 +202,7 @@ def test_signal_mid_run_stops_with_consistent_checkpoint_and_ledger(how, tmp_pat
   done = int(out.split(f'stopped by {expected.name} after round ')[1].split(';')[0])
   assert 3 <= done < 12
   run = tmp_path / 'sig'
-  assert [int(r['round']) for r in _rows(run / 'metrics.csv')] == list(range(1, done + 1))
+  assert [int(r['round']) for r in metrics_rows(run)] == list(range(1, done + 1))
   assert [r.round_num for r in ledger_lib.read_ledger(str(run / 'ledger.jsonl'))] == list(
       range(1, done + 1))
   assert os.path.isdir(run / 'checkpoints' / f'round_{done}')  # Although not a 10th round.

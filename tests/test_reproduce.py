@@ -1,6 +1,5 @@
 """experiments/ flag files and reproduce.py: every table parses, runs at smoke scale, tabulates."""
 
-import csv
 import glob
 import json
 import math
@@ -13,8 +12,11 @@ import pytest
 
 from tff_dp import ledger as ledger_lib
 from tff_dp import runtime
+from run_helpers import metrics_rows
+from run_helpers import REPO
+from run_helpers import script
+from run_helpers import script_env
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPERIMENTS = os.path.join(REPO, 'experiments')
 TABLES = sorted(d for d in os.listdir(EXPERIMENTS) if os.path.isdir(os.path.join(EXPERIMENTS, d)))
 ARMS = sorted(p for p in glob.glob(os.path.join(EXPERIMENTS, '*', '*.flags'))
@@ -22,8 +24,7 @@ ARMS = sorted(p for p in glob.glob(os.path.join(EXPERIMENTS, '*', '*.flags'))
 
 
 def _reproduce(args, timeout=1800):
-  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL='3')
-  return subprocess.run([sys.executable, os.path.join(REPO, 'reproduce.py')] + args, env=env,
+  return subprocess.run(script('reproduce.py') + args, env=script_env(),
                         capture_output=True, text=True, timeout=timeout)
 
 
@@ -146,8 +147,7 @@ def test_every_table_reproduces_at_smoke_scale(tmp_path):
     for arm, cells in rows.items():
       run_dir = table_dir / 'runs' / arm
       config = json.loads((run_dir / 'config.json').read_text())
-      with open(run_dir / 'metrics.csv', newline='') as f:
-        metrics = list(csv.DictReader(f))
+      metrics = metrics_rows(run_dir)
       assert int(cells[3]) == config['total_rounds'] == len(metrics)
       if 'adadps' in table:   # --max_train_clients: the population is the subset.
         assert config['population_size'] == 40 and cells[2] == '8 (40)'
@@ -159,8 +159,7 @@ def test_every_table_reproduces_at_smoke_scale(tmp_path):
       assert math.isfinite(float(cells[6])) and float(cells[6]) > 0
   recycling = tmp_path / f'{TABLES[3]}-smoke' / 'runs'
   for arm in ('last_iterate', 'train_on_ema'):
-    with open(recycling / arm / 'metrics.csv', newline='') as f:
-      last = list(csv.DictReader(f))[-1]
+    last = metrics_rows(recycling / arm)[-1]
     assert last['eval_ema_accuracy'] and last['eval_past_k_accuracy']
     assert (recycling / arm / 'uncertainty.json').exists()
   # Same sampling and noise: training over the EMA leaves the privacy ledger's epsilon unchanged.

@@ -1,6 +1,5 @@
 """No TFF worker_binary survives a program that used TFF: normal exit, exception, SIGTERM."""
 
-import os
 import signal
 import subprocess
 import sys
@@ -9,8 +8,8 @@ import time
 import pytest
 
 from tff_dp import runtime
+from run_helpers import script_env
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _PROGRAM = r'''
 import sys, time
@@ -34,9 +33,8 @@ def _all_worker_pids() -> set[int]:
 
 
 def _start(mode):
-  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL='3')
   return subprocess.Popen([sys.executable, '-c', _PROGRAM, mode], stdout=subprocess.PIPE,
-                          stderr=subprocess.DEVNULL, env=env, text=True)
+                          stderr=subprocess.DEVNULL, env=script_env(), text=True)
 
 
 @pytest.mark.parametrize('mode', ['exit', 'raise'])
