@@ -16,6 +16,13 @@ import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+from tff_dp.training import stop_signal  # noqa: E402  (no TensorFlow: imported first)
+
+# Installed before TensorFlow is imported, so that Ctrl-C or SIGTERM at any moment of start-up
+# is seen (a KeyboardInterrupt raised inside TF's import or its gc callbacks can be swallowed)
+# and ends the run with one line and exit code 128 + signal.
+_STOP = stop_signal.StopSignal(print).install() if __name__ == '__main__' else None
+
 from absl import app  # noqa: E402
 from absl import flags  # noqa: E402
 from absl import logging  # noqa: E402
@@ -91,7 +98,20 @@ _WORKER_RPC_TIMEOUT = flags.DEFINE_float(
     'worker_rpc_timeout', None,
     'With --workers: deadline in seconds of each call to a worker (bounds a hung worker; must '
     'exceed the longest client training call). Unset: none.')
-_SEED = flags.DEFINE_integer('seed', 0, 'Seed for client sampling, model init and noise.')
+_SEED = flags.DEFINE_integer(
+    'seed', 0, 'Seed for model initialisation, client data order and the eval subset (never '
+    'for client sampling or DP noise, which are secret).')
+_SAMPLING_SEED = flags.DEFINE_integer(
+    'sampling_seed', None,
+    'Make client sampling reproducible from this seed (simulations, tests). Unset: each '
+    'round\'s sample is drawn from OS randomness and is secret, as the accountant\'s '
+    'amplification by sampling assumes. When set, the privacy statement says the samples are '
+    'known to whoever holds the seed.')
+_PRIVATE_RELEASE = flags.DEFINE_bool(
+    'private_release', False,
+    'Keep every non-private diagnostic (sampled and rejected client counts, client names, '
+    'zeroed updates, timings, client training metrics) out of the console, metrics.csv, '
+    'TensorBoard and plots, so that the run\'s outputs can be published as they are.')
 
 # Optimizers.
 _CLIENT_OPT = flags.DEFINE_enum(
@@ -229,11 +249,18 @@ def _paper_results():
 
 def _config():
   from tff_dp.training import experiment  # pylint: disable=g-import-not-at-top
-  name = _EXPERIMENT_NAME.value or (
-      f'{_TASK.value}-{_DP.value}-{time.strftime("%Y%m%d-%H%M%S")}')
+  name = _EXPERIMENT_NAME.value
+  if name is None:
+    name = f'{_TASK.value}-{_DP.value}-{time.strftime("%Y%m%d-%H%M%S")}'
+  runtime_settings = dict(
+      workers=_WORKERS.value, max_concurrent_computation_calls=_MAX_CONCURRENT.value,
+      worker_unavailable_timeout=_WORKER_UNAVAILABLE_TIMEOUT.value,
+      worker_rpc_timeout=_WORKER_RPC_TIMEOUT.value)
   return experiment.ExperimentConfig(
       root_output_dir=_ROOT_OUTPUT_DIR.value, experiment_name=name, resume=_RESUME.value,
-      seed=_SEED.value, total_rounds=_TOTAL_ROUNDS.value,
+      seed=_SEED.value, sampling_seed=_SAMPLING_SEED.value,
+      private_release=_PRIVATE_RELEASE.value, task_settings=_task_settings(),
+      runtime_settings=runtime_settings, total_rounds=_TOTAL_ROUNDS.value,
       clients_per_round=_CLIENTS_PER_ROUND.value, max_train_clients=_MAX_TRAIN_CLIENTS.value,
       client_sampling=_CLIENT_SAMPLING.value,
       weighting=_WEIGHTING.value, rounds_per_eval=_ROUNDS_PER_EVAL.value,
@@ -261,24 +288,37 @@ def _config():
       paper_results=_paper_results())
 
 
-def _task():
+def _task_settings():
+  """Every setting that defines the task and its data (recorded; fixed across a resume)."""
+  settings = dict(task=_TASK.value, data_dir=_DATA_DIR.value,
+                  embedded_data_dir=None if _DATA_DIR.value else _EMBEDDED_DATA_DIR.value,
+                  client_batch_size=_CLIENT_BATCH_SIZE.value,
+                  client_epochs_per_round=_CLIENT_EPOCHS.value,
+                  max_elements_per_client=_MAX_ELEMENTS.value)
+  if _TASK.value == 'emnist':
+    settings['only_digits'] = _EMNIST_ONLY_DIGITS.value
+  elif _TASK.value == 'stackoverflow_word':
+    settings.update(vocab_size=_SO_VOCAB_SIZE.value, sequence_length=_SO_SEQUENCE_LENGTH.value)
+  else:
+    settings.update(word_vocab_size=_SO_VOCAB_SIZE.value,
+                    tag_vocab_size=_SO_TAG_VOCAB_SIZE.value)
+  return settings
+
+
+def _task(settings):
   import tasks  # pylint: disable=g-import-not-at-top
-  data_dir = _DATA_DIR.value
+  settings = dict(settings)
+  name, data_dir = settings.pop('task'), settings.pop('data_dir')
+  embedded_dir = settings.pop('embedded_data_dir')
   if data_dir is None:
     from tasks import synthetic_data  # pylint: disable=g-import-not-at-top
-    data_dir = _EMBEDDED_DATA_DIR.value
-    synthetic_data.ensure_default_cache(data_dir, _TASK.value)
-  options = {}
-  if _TASK.value == 'emnist':
-    options['only_digits'] = _EMNIST_ONLY_DIGITS.value
-  elif _TASK.value == 'stackoverflow_word':
-    options.update(vocab_size=_SO_VOCAB_SIZE.value, sequence_length=_SO_SEQUENCE_LENGTH.value)
-  else:
-    options.update(word_vocab_size=_SO_VOCAB_SIZE.value, tag_vocab_size=_SO_TAG_VOCAB_SIZE.value)
+    data_dir = embedded_dir
+    synthetic_data.ensure_default_cache(data_dir, name)
   return tasks.build_task(
-      _TASK.value, data_dir, client_batch_size=_CLIENT_BATCH_SIZE.value,
-      client_epochs=_CLIENT_EPOCHS.value, max_elements_per_client=_MAX_ELEMENTS.value,
-      shuffle_seed=_SEED.value, **options)
+      name, data_dir, client_batch_size=settings.pop('client_batch_size'),
+      client_epochs=settings.pop('client_epochs_per_round'),
+      max_elements_per_client=settings.pop('max_elements_per_client'),
+      shuffle_seed=_SEED.value, **settings)
 
 
 def main(argv):
@@ -290,9 +330,12 @@ def main(argv):
     tf.get_logger().setLevel('ERROR')
   import tff_dp  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   from tff_dp.errors import RunFailedError  # pylint: disable=g-import-not-at-top
+  from tff_dp.errors import RunInterrupted  # pylint: disable=g-import-not-at-top
   from tff_dp.errors import UserInputError  # pylint: disable=g-import-not-at-top
   from tff_dp.training import experiment  # pylint: disable=g-import-not-at-top
   try:
+    if _STOP is not None:
+      _STOP.raise_if_received('during start-up')
     if _TASK.value not in _TASKS:
       raise UserInputError(f'unknown --task {_TASK.value!r}; choose one of {", ".join(_TASKS)}')
     cfg = _config()
@@ -307,13 +350,20 @@ def main(argv):
       from tff_dp import runtime  # pylint: disable=g-import-not-at-top
       runtime.configure_execution_context(
           max_concurrent_computation_calls=_MAX_CONCURRENT.value)
-    summary = experiment.run(cfg, _task())
+    summary = experiment.run(cfg, _task(cfg.task_settings), stop=_STOP)
   except UserInputError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
   except RunFailedError as e:
     print(f'error: {e}', file=sys.stderr)
     return 1
+  except RunInterrupted as e:
+    print(str(e), file=sys.stderr)
+    return 128 + e.signum
+  except KeyboardInterrupt:   # A second Ctrl-C: abort at once (the ledger stays valid).
+    print('error: interrupted; outputs written so far are intact, continue with --resume',
+          file=sys.stderr)
+    return 130
   if summary.get('stopped_by_signal'):
     signum = int(getattr(signal, summary['stopped_by_signal']))
     print(f'stopped by {summary["stopped_by_signal"]} after round {summary["rounds_completed"]}; '

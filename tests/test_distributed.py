@@ -23,7 +23,8 @@ _ENV = script_env()
 _FLAGS = ['--task=stackoverflow_tag', '--dp=adaptive', '--clip=0.5', '--noise_multiplier=0',
           '--clipped_count_stddev=0', '--clients_per_round=6', '--client_sampling=fixed_size',
           '--max_eval_examples=200', '--client_batch_size=10', '--max_elements_per_client=30',
-          '--client_learning_rate=1.0', '--rounds_per_checkpoint=10', '--delta=1e-3']
+          '--client_learning_rate=1.0', '--rounds_per_checkpoint=10', '--delta=1e-3',
+          '--sampling_seed=0']   # Reproducible samples: the runs are compared client by client.
 
 
 class Worker:

@@ -11,3 +11,14 @@ class RunFailedError(RuntimeError):
   The message names the fault and states what on disk is intact; the CLI prints it as one line
   and exits with code 1. The run directory stays consistent, so `--resume` continues it.
   """
+
+
+class RunInterrupted(Exception):
+  """A stop signal (SIGINT/SIGTERM) arrived before the first round: nothing was written.
+
+  `signum` is the signal; the CLI exits with 128 + signum after one line.
+  """
+
+  def __init__(self, signum: int, message: str):
+    super().__init__(message)
+    self.signum = signum

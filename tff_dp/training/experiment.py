@@ -4,21 +4,31 @@ The task is passed in (duck-typed, Contract 3 in docs/ARCHITECTURE.md), so this 
 does not depend on the `tasks` package. Validation happens before the run directory is touched.
 """
 
+import contextlib
 import dataclasses
+import json
 import math
+import os
 from typing import Any, Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_dp import accounting
+from tff_dp import aggregators
+from tff_dp import checkpoint_aggregation as ca
 from tff_dp import ledger as ledger_lib
 from tff_dp import sampling
+from tff_dp.adadps import wiring
+from tff_dp.aggregators import non_finite
+from tff_dp.aggregators import privacy_queries as privacy_queries_lib
 from tff_dp.errors import UserInputError
 from tff_dp.training import client_data
 from tff_dp.training import evaluation
 from tff_dp.training import loop
 from tff_dp.training import optimizers
 from tff_dp.training import run_dir as run_dir_lib
+from tff_dp.training import stop_signal
 
 DP_KINDS = ('none', 'fixed', 'adaptive', 'per_layer_adaptive', 'joint')
 
@@ -29,7 +39,16 @@ class ExperimentConfig:
   root_output_dir: str
   experiment_name: str
   resume: bool = False
-  seed: int = 0
+  seed: int = 0                             # Model init, client data order, eval subset.
+  # None: each round's sample is drawn from OS randomness (secret); an int makes the samples
+  # reproducible from it, and the privacy statement says they are known to its holders.
+  sampling_seed: Optional[int] = None
+  # Keep every non-private diagnostic out of the console, metrics, TensorBoard and plots.
+  private_release: bool = False
+  # Task and data settings (name, data_dir, batch size, ...): recorded and compared on resume.
+  task_settings: dict = dataclasses.field(default_factory=dict)
+  # Execution settings (workers, concurrency): recorded; they may change on resume.
+  runtime_settings: dict = dataclasses.field(default_factory=dict)
   # Rounds and clients.
   total_rounds: int = 20
   clients_per_round: int = 10
@@ -83,12 +102,22 @@ class ExperimentConfig:
   paper_note: str = ''                      # Free text shown under the table.
 
   def validate(self) -> None:
-    """Raises UserInputError naming the first bad setting."""
+    """Raises UserInputError naming the first bad setting (before anything touches disk)."""
     def need(cond, msg):
       if not cond:
         raise UserInputError(msg)
+    for name in _FLOAT_FIELDS:
+      value = getattr(self, name)
+      need(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                             and math.isfinite(value)),
+           f'--{name} must be a finite number, got {value!r}')
+    need(bool(self.experiment_name) and os.sep not in self.experiment_name
+         and self.experiment_name not in ('.', '..'),
+         f'--experiment_name must be a plain non-empty name, got {self.experiment_name!r}')
     need(self.total_rounds >= 1, f'--total_rounds must be >= 1, got {self.total_rounds}')
     need(0 <= self.seed < 2**32, f'--seed must be in [0, 2^32), got {self.seed}')
+    need(self.sampling_seed is None or 0 <= self.sampling_seed < 2**63,
+         f'--sampling_seed must be in [0, 2^63) when set, got {self.sampling_seed}')
     need(self.clients_per_round >= 1,
          f'--clients_per_round must be a positive integer, got {self.clients_per_round}')
     need(self.rounds_per_eval >= 1, f'--rounds_per_eval must be >= 1, got {self.rounds_per_eval}')
@@ -98,9 +127,39 @@ class ExperimentConfig:
          f'--client_cache_size must be >= 0, got {self.client_cache_size}')
     need(self.rounds_per_checkpoint >= 1,
          f'--rounds_per_checkpoint must be >= 1, got {self.rounds_per_checkpoint}')
+    need(self.max_eval_examples >= 0,
+         f'--max_eval_examples must be >= 0 (0: all), got {self.max_eval_examples}')
     need(self.client_sampling in ('poisson', 'fixed_size'),
          f'--client_sampling must be poisson or fixed_size, got {self.client_sampling!r}')
+    need(self.client_optimizer in optimizers.OPTIMIZER_NAMES,
+         f'--client_optimizer must be one of {", ".join(optimizers.OPTIMIZER_NAMES)}, got '
+         f'{self.client_optimizer!r}')
+    need(self.server_optimizer in optimizers.OPTIMIZER_NAMES,
+         f'--server_optimizer must be one of {", ".join(optimizers.OPTIMIZER_NAMES)}, got '
+         f'{self.server_optimizer!r}')
+    need(self.client_learning_rate > 0,
+         f'--client_learning_rate must be positive, got {self.client_learning_rate}')
+    need(self.server_learning_rate > 0,
+         f'--server_learning_rate must be positive, got {self.server_learning_rate}')
+    need(0 <= self.server_momentum < 1,
+         f'--server_momentum must be in [0, 1), got {self.server_momentum}')
     need(self.dp in DP_KINDS, f'--dp must be one of {", ".join(DP_KINDS)}, got {self.dp!r}')
+    accounting = tuple(self.accounting)
+    need(bool(accounting) and all(m in ('rdp', 'pld') for m in accounting)
+         and len(set(accounting)) == len(accounting),
+         f'--accounting must be a non-empty list of rdp, pld, got {",".join(accounting)!r}')
+    need(self.pld_every >= 1, f'--pld_every must be >= 1, got {self.pld_every}')
+    need(0 < self.target_unclipped_quantile < 1,
+         f'--target_unclipped_quantile must be in (0, 1), got {self.target_unclipped_quantile}')
+    need(self.clip_learning_rate > 0,
+         f'--clip_learning_rate must be positive, got {self.clip_learning_rate}')
+    need(self.clip_update_rule in ('geometric', 'linear'),
+         f'--clip_update_rule must be geometric or linear, got {self.clip_update_rule!r}')
+    need(self.clipped_count_stddev is None or self.clipped_count_stddev >= 0,
+         f'--clipped_count_stddev must be >= 0 when set, got {self.clipped_count_stddev}')
+    need(self.noise_allocation in ('proportional', 'dimensionality'),
+         f'--noise_allocation must be proportional or dimensionality, got '
+         f'{self.noise_allocation!r}')
     if self.dp == 'none':
       need(self.noise_multiplier in (None, 0.0),
            '--noise_multiplier needs DP: set --dp=fixed|adaptive|per_layer_adaptive|joint')
@@ -116,6 +175,21 @@ class ExperimentConfig:
            f'--dp={self.dp} needs --noise_multiplier >= 0')
     need(self.precondition in ('none', 'client', 'server'),
          f'--precondition must be none, client or server, got {self.precondition!r}')
+    for name in ('precondition_cap', 'precondition_division', 'precondition_eps',
+                 'precondition_rare_scale'):
+      need(getattr(self, name) > 0, f'--{name} must be positive, got {getattr(self, name)}')
+    need(self.precondition_num_frequent >= 0,
+         f'--precondition_num_frequent must be >= 0, got {self.precondition_num_frequent}')
+    need(self.num_public_clients >= 1,
+         f'--num_public_clients must be >= 1, got {self.num_public_clients}')
+    need(self.ema_beta is None or 0 <= self.ema_beta < 1,
+         f'--ema_beta must be in [0, 1) when set, got {self.ema_beta}')
+    need(self.past_k >= 0, f'--past_k must be >= 0, got {self.past_k}')
+    need(self.aggregate_start_round >= 0,
+         f'--aggregate_start_round must be >= 0, got {self.aggregate_start_round}')
+    need(self.uncertainty_last_k == 0 or self.uncertainty_last_k >= 2,
+         '--uncertainty_last_k must be 0 (off) or >= 2 (a spread needs two checkpoints), got '
+         f'{self.uncertainty_last_k}')
     need(self.train_on_aggregate in ('none', 'ema', 'past_k'),
          f'--train_on_aggregate must be none, ema or past_k, got {self.train_on_aggregate!r}')
     if self.train_on_aggregate == 'ema':
@@ -133,11 +207,52 @@ class ExperimentConfig:
            f'--paper_results: {key} must be a finite number, got {value!r}')
 
 
-def build_aggregator(cfg: ExperimentConfig, model_weights_type=None):
+_FLOAT_FIELDS = tuple(f.name for f in dataclasses.fields(ExperimentConfig)
+                      if f.type in (float, Optional[float]))
+
+# Settings a resumed run may change (cadence, stopping, reporting and execution); any other
+# change would make the resumed run a different mechanism, model or data than the one the
+# ledger and checkpoints describe, and is refused.
+RESUMABLE_CHANGES = ('total_rounds', 'max_epsilon', 'rounds_per_eval',
+                     'rounds_per_checkpoint', 'max_eval_examples', 'pld_every', 'accounting',
+                     'client_cache_size', 'prefetch_clients', 'runtime_settings',
+                     'paper_table', 'paper_arm', 'paper_results', 'paper_note')
+
+
+def resume_changes(recorded: dict[str, Any], cfg: ExperimentConfig) -> dict[str, tuple]:
+  """{setting: (recorded value, new value)} for every setting that differs on resume.
+
+  Raises UserInputError naming each differing setting outside `RESUMABLE_CHANGES`; nested
+  settings (task_settings) are compared key by key. Settings a run directory written by an
+  older version did not record are not compared.
+  """
+  new = json.loads(json.dumps(dataclasses.asdict(cfg)))   # JSON types, as recorded.
+  changes = {}
+  for name, value in new.items():
+    if name not in recorded or name == 'resume':
+      continue
+    old = recorded[name]
+    if isinstance(value, dict) and isinstance(old, dict) and name != 'paper_results':
+      for key in sorted(set(value) | set(old)):
+        if value.get(key) != old.get(key):
+          changes[f'{name}.{key}'] = (old.get(key), value.get(key))
+    elif value != old:
+      changes[name] = (old, value)
+  refused = {k: v for k, v in changes.items() if k.split('.')[0] not in RESUMABLE_CHANGES}
+  if refused:
+    listed = '; '.join(f'{k} was {old!r}, now {new_value!r}'
+                       for k, (old, new_value) in refused.items())
+    raise UserInputError(
+        f'cannot resume {os.path.join(cfg.root_output_dir, cfg.experiment_name)} with '
+        f'different settings: {listed}. A resumed run must be the same mechanism, model and '
+        f'data; only {", ".join(RESUMABLE_CHANGES)} may change (nothing was changed)')
+  return changes
+
+
+def build_aggregator(cfg: ExperimentConfig):
   """The model-update aggregation factory for `cfg.dp` (None = TFF's default mean)."""
   if cfg.dp == 'none':
     return None
-  from tff_dp import aggregators  # pylint: disable=g-import-not-at-top
   kwargs = dict(
       noise_multiplier=float(cfg.noise_multiplier),
       clients_per_round=float(cfg.clients_per_round),
@@ -159,8 +274,9 @@ def _sampler(cfg: ExperimentConfig, client_ids):
     raise UserInputError(f'--clients_per_round={cfg.clients_per_round} exceeds the '
                          f'{population} training clients')
   if cfg.client_sampling == 'poisson':
-    return sampling.PoissonSampler(client_ids, cfg.clients_per_round / population, seed=cfg.seed)
-  return sampling.FixedSizeSampler(client_ids, cfg.clients_per_round, seed=cfg.seed)
+    return sampling.PoissonSampler(client_ids, cfg.clients_per_round / population,
+                                   seed=cfg.sampling_seed)
+  return sampling.FixedSizeSampler(client_ids, cfg.clients_per_round, seed=cfg.sampling_seed)
 
 
 def _eval_dataset(task, max_examples: int, seed: int):
@@ -172,10 +288,44 @@ def _eval_dataset(task, max_examples: int, seed: int):
   return task.preprocess_eval(raw)
 
 
-def run(cfg: ExperimentConfig, task, *, log=print) -> dict[str, Any]:
-  """Validates `cfg`, builds everything, and runs (or resumes) the experiment."""
+def first_round_queries(process) -> tuple[ledger_lib.GaussianSumQuery, ...]:
+  """The Gaussian sum queries round 1 will execute, read from a round run on no client.
+
+  The learning process runs one round on zero clients from its initial state (no client data
+  is touched, so this costs no privacy; the result is discarded): the aggregator reports the
+  (clip, noise stddev) tuples of its pre-round state exactly as it will in round 1.
+  """
+  output = process.next(process.initialize(), [])
+  return tuple(privacy_queries_lib.find_privacy_queries(output.metrics['aggregator']))
+
+
+def run(cfg: ExperimentConfig, task, *, log=print,
+        stop: Optional[stop_signal.StopSignal] = None) -> dict[str, Any]:
+  """Validates `cfg`, builds everything, and runs (or resumes) the experiment.
+
+  `stop`: an installed `StopSignal` (a program installs it at start-up so that a signal during
+  start-up is seen too); None installs one for the duration of the run. A signal before round
+  1 raises `errors.RunInterrupted` before anything is written.
+  """
+  with contextlib.ExitStack() as stack:
+    if stop is None:
+      stop = stack.enter_context(stop_signal.StopSignal(log))
+    return _run(cfg, task, log, stop)
+
+
+def _run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSignal) -> dict[str, Any]:
   cfg.validate()
+  stop.raise_if_received('during start-up')
   run_dir = run_dir_lib.RunDirectory(cfg.root_output_dir, cfg.experiment_name, resume=cfg.resume)
+  try:
+    return _build_and_run(cfg, task, log, stop, run_dir)
+  finally:
+    run_dir.close()
+
+
+def _build_and_run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSignal,
+                   run_dir: run_dir_lib.RunDirectory) -> dict[str, Any]:
+  changes = resume_changes(run_dir.read_config(), cfg) if cfg.resume else {}
   tf.keras.utils.set_random_seed(cfg.seed)
 
   train_ids = list(task.train_data.client_ids)
@@ -189,13 +339,21 @@ def run(cfg: ExperimentConfig, task, *, log=print) -> dict[str, Any]:
     # Held-out public/proxy clients (the paper's OOD setting): removed from the private population.
     public_ids, train_ids = train_ids[:cfg.num_public_clients], train_ids[cfg.num_public_clients:]
   sampler = _sampler(cfg, train_ids)
+  delta = cfg.delta if cfg.delta is not None else _default_delta(len(train_ids))
+  accountant = None
+  if cfg.dp != 'none':
+    # PLD at a 1e-3 value grid: dp_accounting discretizes pessimistically (a valid upper
+    # bound), measured equal to the 1e-4 grid to 8 digits here and 10x faster per round; the
+    # post-hoc `python -m tff_dp.accounting` replays the ledger at the finer default.
+    accountant = accounting.LedgerAccountant(
+        delta=delta, methods=tuple(cfg.accounting), pld_every=cfg.pld_every,
+        pld_value_discretization_interval=1e-3)
 
   client_optimizer = optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate)
   server_optimizer = optimizers.build_optimizer(
       cfg.server_optimizer, cfg.server_learning_rate, momentum=cfg.server_momentum)
   aggregator = build_aggregator(cfg)
   if cfg.precondition != 'none':
-    from tff_dp.adadps import wiring  # pylint: disable=g-import-not-at-top
     scales = wiring.scales_for_task(task, cfg.side_info, public_client_ids=public_ids,
                                     cap=cfg.precondition_cap,
                                     division=cfg.precondition_division, eps=cfg.precondition_eps,
@@ -210,7 +368,6 @@ def run(cfg: ExperimentConfig, task, *, log=print) -> dict[str, Any]:
 
   if cfg.weighting == 'uniform':
     # Outermost: a NaN/Inf client update is zeroed before any clipping or preconditioning.
-    from tff_dp.aggregators import non_finite  # pylint: disable=g-import-not-at-top
     aggregator = non_finite.NonFiniteZeroingFactory(
         aggregator if aggregator is not None else tff.aggregators.UnweightedMeanFactory())
     process = tff.learning.algorithms.build_unweighted_fed_avg(
@@ -220,6 +377,19 @@ def run(cfg: ExperimentConfig, task, *, log=print) -> dict[str, Any]:
     process = tff.learning.algorithms.build_weighted_fed_avg(
         task.model_fn, client_optimizer_fn=client_optimizer,
         server_optimizer_fn=server_optimizer)
+  stop.raise_if_received('during start-up')
+
+  planned_queries: tuple = ()
+  if cfg.max_epsilon is not None:
+    planned_queries = first_round_queries(process)
+    if not cfg.resume:
+      first = accountant.peek_epsilon(ledger_lib.RoundRecord(
+          1, sampler.sampling_event(), planned_queries))
+      if first > cfg.max_epsilon:
+        raise UserInputError(
+            f'--max_epsilon={cfg.max_epsilon:g}: the first round alone would reach epsilon '
+            f'{first:.4g} at delta {delta:g}; raise --max_epsilon or --noise_multiplier '
+            '(nothing was written)')
 
   # Built after the process: TFF traces model_fn inside a tf.compat.v1.Graph, which invalidates
   # Keras models created before it ("Your Layer or Model is in an invalid state").
@@ -229,25 +399,19 @@ def run(cfg: ExperimentConfig, task, *, log=print) -> dict[str, Any]:
   # Integer labels/tokens must index the model's outputs (checked once per client).
   max_index = evaluator.output_dim
   aggregates, train_policy = _checkpoint_aggregation(cfg)
-  delta = cfg.delta if cfg.delta is not None else _default_delta(len(train_ids))
+  stop.raise_if_received('during start-up')
 
   run_dir.create()
   run_dir.write_config(dict(dataclasses.asdict(cfg), delta_used=delta,
-                            population_size=len(train_ids), task=task.name))
-  ledger = accountant = None
+                            population_size=len(train_ids), task=task.name),
+                       changes=changes)
+  ledger = None
   if cfg.dp != 'none':
-    from tff_dp import accounting  # pylint: disable=g-import-not-at-top
     # On resume, a partial last line is a record whose round released nothing (outputs are
     # released only after the append completes): it is moved aside, never silently dropped.
     ledger = ledger_lib.PrivacyLedger(run_dir.file('ledger.jsonl'), repair=cfg.resume)
     if ledger.repaired_to:
       log(f'ledger: partial last line from a crash moved to {ledger.repaired_to}')
-    # PLD at a 1e-3 value grid: dp_accounting discretizes pessimistically (a valid upper
-    # bound), measured equal to the 1e-4 grid to 8 digits here and 10x faster per round; the
-    # post-hoc `python -m tff_dp.accounting` replays the ledger at the finer default.
-    accountant = accounting.LedgerAccountant(
-        delta=delta, methods=tuple(cfg.accounting), pld_every=cfg.pld_every,
-        pld_value_discretization_interval=1e-3)
 
   components = loop.LoopComponents(
       process=process, run_dir=run_dir, sampler=sampler,
@@ -255,16 +419,18 @@ def run(cfg: ExperimentConfig, task, *, log=print) -> dict[str, Any]:
           task.train_data.create_tf_dataset_for_client(cid)),
       evaluator=evaluator, ledger=ledger, accountant=accountant,
       aggregates=aggregates, train_on_aggregate=train_policy, log=log,
+      planned_queries=planned_queries,
       check_client_fn=lambda ds: client_data.check_client_dataset(ds, max_index))
   loop_config = loop.LoopConfig(
       total_rounds=cfg.total_rounds, rounds_per_eval=cfg.rounds_per_eval,
       rounds_per_checkpoint=cfg.rounds_per_checkpoint, delta=delta,
       max_epsilon=cfg.max_epsilon, uncertainty_last_k=cfg.uncertainty_last_k,
-      dp_enabled=cfg.dp != 'none', client_cache_size=cfg.client_cache_size,
-      prefetch_clients=cfg.prefetch_clients)
+      dp=cfg.dp, private_release=cfg.private_release,
+      client_cache_size=cfg.client_cache_size, prefetch_clients=cfg.prefetch_clients)
   log(f'run directory: {run_dir.path}  (population {len(train_ids)}, '
-      f'{cfg.client_sampling} sampling, delta {delta:g})')
-  summary = loop.run_training(loop_config, components)
+      f'{cfg.client_sampling} sampling, '
+      f'{"secret" if sampler.secret else "seeded"} samples, delta {delta:g})')
+  summary = loop.run_training(loop_config, components, stop)
   summary['run_dir'] = run_dir.path
   return summary
 
@@ -279,7 +445,6 @@ def _checkpoint_aggregation(cfg: ExperimentConfig):
   policy = None
   if cfg.ema_beta is None and not cfg.past_k and cfg.train_on_aggregate == 'none':
     return aggregates, policy
-  from tff_dp import checkpoint_aggregation as ca  # pylint: disable=g-import-not-at-top
   if cfg.ema_beta is not None:
     aggregates['ema'] = ca.EMAAggregate(cfg.ema_beta)
   if cfg.past_k:

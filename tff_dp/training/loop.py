@@ -21,6 +21,7 @@ from tff_dp.training import client_data as client_data_lib
 from tff_dp.training import evaluation
 from tff_dp.training import metrics_file
 from tff_dp.training import plots
+from tff_dp.training import privacy_statement
 from tff_dp.training import run_dir as run_dir_lib
 from tff_dp.training import stop_signal
 
@@ -33,7 +34,8 @@ class LoopConfig:
   delta: float = 1e-5
   max_epsilon: Optional[float] = None
   uncertainty_last_k: int = 0
-  dp_enabled: bool = True
+  dp: str = 'adaptive'              # The DP aggregation kind; 'none' for no DP.
+  private_release: bool = False     # Keep non-private diagnostics out of every output.
   client_cache_size: int = 1000     # Preprocessed client datasets kept (0: rebuild each round).
   prefetch_clients: bool = True     # Build round r+1's client datasets while round r runs.
 
@@ -50,6 +52,7 @@ class LoopComponents:
   accountant: Any                                # tff_dp.accounting.LedgerAccountant or None
   aggregates: Mapping[str, Any] = dataclasses.field(default_factory=dict)
   train_on_aggregate: Any = None                 # checkpoint_aggregation.TrainOnAggregate or None
+  # The queries round 1 will execute (for max_epsilon before any record exists).
   planned_queries: Sequence[ledger_lib.GaussianSumQuery] = ()
   log: Callable[[str], None] = print
   # dataset -> reason it cannot be trained on, or None (see client_data.check_client_dataset).
@@ -120,8 +123,12 @@ def _reconcile_ledger(c: LoopComponents, checkpoint_round: int):
   return records
 
 
-def run_training(config: LoopConfig, c: LoopComponents) -> dict[str, Any]:
-  """Runs (or resumes) training; returns a summary dict of the final round."""
+def run_training(config: LoopConfig, c: LoopComponents,
+                 stop: Optional[stop_signal.StopSignal] = None) -> dict[str, Any]:
+  """Runs (or resumes) training; returns a summary dict of the final round.
+
+  `stop`: an installed StopSignal (None: one is installed for the duration of training).
+  """
   process = c.process
   state = process.initialize()
   start_round = 1
@@ -156,7 +163,9 @@ def run_training(config: LoopConfig, c: LoopComponents) -> dict[str, Any]:
       check_fn=c.check_client_fn)
   progress = _Progress(round_num=start_round - 1, state=state, recent=recent,
                        checkpointed=start_round - 1)
-  with stop_signal.StopSignal(c.log) as stop:
+  with contextlib.ExitStack() as stack:
+    if stop is None:
+      stop = stack.enter_context(stop_signal.StopSignal(c.log))
     try:
       _run_rounds(config, c, client_data, progress, last_record, summary, stop)
     finally:
@@ -170,11 +179,27 @@ def run_training(config: LoopConfig, c: LoopComponents) -> dict[str, Any]:
     if config.uncertainty_last_k and c.evaluator is not None and len(recent) >= 2:
       summary['uncertainty'] = _write_uncertainty(c, list(recent))
     plots.write_run_plots(c.run_dir.file('metrics.csv'), c.run_dir.file('plots'))
+    summary['privacy'] = _privacy_statement(config, c, round_num)
     # Marks a run that ended normally (tools such as reproduce.py skip finished runs).
     c.run_dir.write_json('summary.json', {
         'rounds_completed': round_num, 'total_rounds': config.total_rounds,
-        'stopped_by_max_epsilon': summary['stopped_by_max_epsilon']})
+        'stopped_by_max_epsilon': summary['stopped_by_max_epsilon'],
+        'privacy': summary['privacy']})
+  c.log(privacy_statement.format_statement(summary['privacy']))
   return summary
+
+
+def _privacy_statement(config: LoopConfig, c: LoopComponents, rounds: int) -> dict[str, Any]:
+  epsilons = {}
+  if c.accountant is not None:
+    epsilons = {m: c.accountant.epsilon_rdp() if m == 'rdp' else c.accountant.epsilon_pld()
+                for m in c.accountant.methods}
+  rows = c.run_dir.metrics.read_rows()
+  return privacy_statement.statement(
+      dp=config.dp, rounds_completed=rounds, epsilons=epsilons, delta=config.delta,
+      sampling_event=c.sampler.sampling_event(), sampling_secret=c.sampler.secret,
+      private_release=config.private_release,
+      released_columns=rows[0].keys() if rows else ())
 
 
 @dataclasses.dataclass
@@ -242,45 +267,45 @@ def _run_rounds(config: LoopConfig, c: LoopComponents, client_data, progress: _P
     datasets, rejected = client_data.get(client_ids) if client_ids else ([], {})
     if rejected:
       row['clients_rejected'] = len(rejected)
-      for cid, reason in list(rejected.items())[:5]:
-        c.log(f'round {round_num}: client {cid} skipped: {reason}')
-    if datasets:
-      if round_num < config.total_rounds:
-        client_data.prefetch(c.sampler.sample(round_num + 1))
-      try:
-        output = process.next(state, datasets)
-      except Exception as e:  # pylint: disable=broad-except
-        if stop.received is not None:   # Ctrl-C also reached the worker: round abandoned.
-          continue   # The check at the top of the loop checkpoints and stops.
-        # State and aggregates are still those of the last completed round: checkpoint it.
-        _checkpoint_completed_rounds(c, progress)
-        first_line = (str(e).strip().splitlines() or [''])[0][:300]
-        raise errors.RunFailedError(
-            f'round {round_num} failed in the TFF runtime ({type(e).__name__}: {first_line}). '
-            f'Nothing of round {round_num} was written; outputs are complete up to round '
-            f'{progress.round_num}. Rerun with --resume') from e
-      row['round_seconds'] = time.perf_counter() - t0
-      state = output.state
-      metrics = output.metrics
-      if config.dp_enabled:
-        queries = privacy_queries_lib.find_privacy_queries(metrics['aggregator'])
-        if not queries:
-          raise RuntimeError('DP is on but the aggregator reported no privacy_queries; refusing '
-                             'to train without a ledger record')
-        last_record = ledger_lib.RoundRecord(
-            round_num, c.sampler.sampling_event(), tuple(queries))
-        with _writing(f'the ledger record of round {round_num}', c.ledger.path):
-          c.ledger.append(last_record)   # Durable before any output of the round is released.
-        c.accountant.add(last_record)
-      train = metrics['client_work']['train']
-      row['train_loss'] = float(train['loss'])
-      if 'accuracy' in train:
-        row['train_accuracy'] = float(train['accuracy'])
-      _flatten('aggregator', metrics['aggregator'], row)
-    else:
-      # Poisson sampling drew nobody (or every sampled client was skipped): no query runs.
-      row['round_seconds'] = 0.0
-      c.log(f'round {round_num}: no client to train; model unchanged')
+      if not config.private_release:   # Names clients: a non-private diagnostic.
+        for cid, reason in list(rejected.items())[:5]:
+          c.log(f'round {round_num}: client {cid} skipped: {reason}')
+    if round_num < config.total_rounds:
+      client_data.prefetch(c.sampler.sample(round_num + 1))
+    # A round whose sample is empty (Poisson drew nobody, or every sampled client was
+    # rejected) still runs: the sampled Gaussian mechanism releases a noised zero sum, the
+    # model moves by noise alone, and the round is recorded like any other, so that neither
+    # the outputs nor the ledger reveal that the sample was empty.
+    try:
+      output = process.next(state, datasets)
+    except Exception as e:  # pylint: disable=broad-except
+      if stop.received is not None:   # Ctrl-C also reached the worker: round abandoned.
+        continue   # The check at the top of the loop checkpoints and stops.
+      # State and aggregates are still those of the last completed round: checkpoint it.
+      _checkpoint_completed_rounds(c, progress)
+      first_line = (str(e).strip().splitlines() or [''])[0][:300]
+      raise errors.RunFailedError(
+          f'round {round_num} failed in the TFF runtime ({type(e).__name__}: {first_line}). '
+          f'Nothing of round {round_num} was written; outputs are complete up to round '
+          f'{progress.round_num}. Rerun with --resume') from e
+    row['round_seconds'] = time.perf_counter() - t0
+    state = output.state
+    metrics = output.metrics
+    if config.dp != 'none':
+      queries = privacy_queries_lib.find_privacy_queries(metrics['aggregator'])
+      if not queries:
+        raise RuntimeError('DP is on but the aggregator reported no privacy_queries; refusing '
+                           'to train without a ledger record')
+      last_record = ledger_lib.RoundRecord(
+          round_num, c.sampler.sampling_event(), tuple(queries))
+      with _writing(f'the ledger record of round {round_num}', c.ledger.path):
+        c.ledger.append(last_record)   # Durable before any output of the round is released.
+      c.accountant.add(last_record)
+    train = metrics['client_work']['train']
+    row['train_loss'] = float(train['loss'])
+    if 'accuracy' in train:
+      row['train_accuracy'] = float(train['accuracy'])
+    _flatten('aggregator', metrics['aggregator'], row)
 
     if c.accountant is not None:
       epsilons = c.accountant.epsilon()
@@ -325,6 +350,7 @@ def _run_rounds(config: LoopConfig, c: LoopComponents, client_data, progress: _P
                                   round_num)
       # Whole round: sampling, data, TFF round, ledger, accounting, eval, checkpoint.
       row['wall_seconds'] = time.perf_counter() - round_start
+      row = privacy_statement.released_row(row, config.private_release)
       c.run_dir.metrics.append(row)
       c.run_dir.write_summaries(round_num, row)
     progress.round_num, progress.state = round_num, state
@@ -345,7 +371,9 @@ def _write_uncertainty(c: LoopComponents, recent):
 
 
 def _console_line(row: Mapping[str, Any], total_rounds: int) -> str:
-  parts = [f'round {row["round"]:>4d}/{total_rounds}', f'clients {row["num_clients"]:>3d}']
+  parts = [f'round {row["round"]:>4d}/{total_rounds}']
+  if 'num_clients' in row:
+    parts.append(f'clients {row["num_clients"]:>3d}')
   if 'train_loss' in row:
     parts.append(f'loss {row["train_loss"]:.4f}')
   if 'train_accuracy' in row:
@@ -360,5 +388,6 @@ def _console_line(row: Mapping[str, Any], total_rounds: int) -> str:
       parts.append(f'eps_{method} {row[f"epsilon_{method}"]:.4g}')
   if 'eval_accuracy' in row:
     parts.append(f'eval_acc {row["eval_accuracy"]:.4f}')
-  parts.append(f'{row.get("round_seconds", 0.0):.2f}s')
+  if 'round_seconds' in row:
+    parts.append(f'{row["round_seconds"]:.2f}s')
   return '  '.join(parts)

@@ -17,7 +17,7 @@ import math
 import os
 import tempfile
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import tensorflow as tf
 import tensorflow_federated as tff
@@ -142,6 +142,14 @@ class RunDirectory:
     f.flush()
     self._lock_file = f
 
+  def close(self) -> None:
+    """Releases the lock and flushes TensorBoard (the process may start or resume runs again)."""
+    if self._created:
+      self._summary_writer.close()
+    if self._lock_file is not None:
+      self._lock_file.close()   # Closing the descriptor releases the flock.
+      self._lock_file = None
+
   def create(self) -> None:
     """Creates the directory tree; called only after all inputs were validated."""
     try:
@@ -161,10 +169,16 @@ class RunDirectory:
   def file(self, name: str) -> str:
     return os.path.join(self.path, name)
 
-  def write_config(self, config: Mapping[str, Any]) -> None:
+  def write_config(self, config: Mapping[str, Any],
+                   changes: Optional[Mapping[str, tuple]] = None) -> None:
+    """Writes config.json (the run's settings, updated by allowed changes on resume) and
+    appends the settings to config_history.jsonl, with what a resume changed."""
     entry = dict(config, _written_at=time.strftime('%Y-%m-%dT%H:%M:%S'))
-    if not os.path.exists(self.file('config.json')):
+    if not os.path.exists(self.file('config.json')) or changes:
       atomic_write.write_text(self.file('config.json'), json.dumps(entry, indent=2, sort_keys=True))
+    if changes:
+      entry['_changed_on_resume'] = {k: {'was': old, 'now': new}
+                                     for k, (old, new) in changes.items()}
     with open(self.file('config_history.jsonl'), 'a') as f:
       f.write(json.dumps(entry, sort_keys=True) + '\n')
 
@@ -172,8 +186,14 @@ class RunDirectory:
     atomic_write.write_text(self.file(name), json.dumps(dict(obj), indent=2, sort_keys=True))
 
   def read_config(self) -> dict[str, Any]:
-    with open(self.file('config.json')) as f:
-      return json.load(f)
+    """The recorded settings of an existing run ({} if it has no config.json yet)."""
+    try:
+      with open(self.file('config.json')) as f:
+        return json.load(f)
+    except FileNotFoundError:
+      return {}
+    except (OSError, ValueError) as e:
+      raise UserInputError(f'cannot read {self.file("config.json")}: {e}') from e
 
   def write_summaries(self, round_num: int, scalars: Mapping[str, float]) -> None:
     with self._summary_writer.as_default():

@@ -11,6 +11,8 @@ import signal
 import threading
 from typing import Callable, Optional
 
+from tff_dp import errors
+
 
 class StopSignal:
   """Context manager installing the handlers (main thread only; elsewhere a no-op)."""
@@ -26,6 +28,12 @@ class StopSignal:
   def name(self) -> Optional[str]:
     return None if self.received is None else signal.Signals(self.received).name
 
+  def raise_if_received(self, when: str) -> None:
+    """Raises `errors.RunInterrupted` if a signal arrived (used before round 1)."""
+    if self.received is not None:
+      raise errors.RunInterrupted(
+          self.received, f'stopped by {self.name} {when}; nothing of the run was written')
+
   def _handle(self, signum, frame):
     del frame
     if self.received is not None:   # Second signal: stop now.
@@ -33,14 +41,18 @@ class StopSignal:
         raise KeyboardInterrupt
       raise SystemExit(128 + signum)
     self.received = signum
-    self._log(f'{signal.Signals(signum).name}: stopping after the current round with a '
-              'checkpoint (send it again to abort now)')
+    self._log(f'{signal.Signals(signum).name}: stopping at the next safe point (after the '
+              'current round, with a checkpoint); send it again to abort now')
 
-  def __enter__(self):
+  def install(self) -> 'StopSignal':
+    """Installs the handlers until `__exit__` (main thread only; elsewhere a no-op)."""
     if threading.current_thread() is threading.main_thread():
       for s in self.SIGNALS:
         self._previous[s] = signal.signal(s, self._handle)
     return self
+
+  def __enter__(self):
+    return self.install()
 
   def __exit__(self, *exc):
     for s, handler in self._previous.items():
