@@ -260,3 +260,12 @@ def test_sigint_during_start_up_exits_130(delay, tmp_path, data_dir):
   assert 'Traceback' not in err and 'Traceback' not in out
   assert len([l for l in err.splitlines() if l.strip()]) <= 1, err
   assert 'round    5/5' not in out
+
+
+def test_dp_noise_is_not_a_function_of_the_seeds(task, tmp_path):
+  """--seed and --sampling_seed reproduce everything but the noise (which must stay secret)."""
+  def first_eval_loss(name, z):
+    summary, _ = _run(task, tmp_path, name, total_rounds=1, sampling_seed=5, noise_multiplier=z)
+    return metrics_rows(summary['run_dir'])[0]['eval_loss']
+  assert first_eval_loss('quiet_a', 0.0) == first_eval_loss('quiet_b', 0.0)
+  assert first_eval_loss('noisy_a', 1.0) != first_eval_loss('noisy_b', 1.0)
