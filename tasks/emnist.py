@@ -9,6 +9,7 @@ from tensorflow_federated.python.simulation.baselines.emnist import emnist_model
 from tensorflow_federated.python.simulation.baselines.emnist import emnist_preprocessing
 
 from tasks import data_files
+from tasks import sql_client_data
 from tasks.base import FederatedTask
 from tff_dp.errors import UserInputError
 
@@ -26,6 +27,8 @@ def build(data_dir: str, client_spec: tff.simulation.baselines.ClientSpec,
   data_files.check_sqlite_file(os.path.join(data_dir, DB_NAME), splits)
   train, test = tff.simulation.datasets.emnist.load_data(
       only_digits=only_digits, cache_dir=data_dir)
+  # TFF pastes client ids into SQL text; read each client with an exact query instead.
+  train, test = sql_client_data.safe_client_data(train), sql_client_data.safe_client_data(test)
   eval_spec = tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=100,
                                                   shuffle_buffer_size=1)
   return FederatedTask(

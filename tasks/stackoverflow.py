@@ -17,6 +17,7 @@ from tensorflow_federated.python.simulation.baselines.stackoverflow import word_
 from tensorflow_federated.python.simulation.baselines.stackoverflow import word_prediction_preprocessing
 
 from tasks import data_files
+from tasks import sql_client_data
 from tasks import vocab as vocab_lib
 from tasks.base import FederatedTask
 from tff_dp.errors import UserInputError
@@ -29,7 +30,8 @@ def _load(data_dir):
   data_files.check_data_dir(data_dir)
   data_files.check_sqlite_file(os.path.join(data_dir, DB_NAME), SPLITS)
   train, _, test = tff.simulation.datasets.stackoverflow.load_data(cache_dir=data_dir)
-  return train, test
+  # TFF pastes client ids into SQL text; read each client with an exact query instead.
+  return sql_client_data.safe_client_data(train), sql_client_data.safe_client_data(test)
 
 
 def _seeded(client_spec, shuffle_seed, make_preprocess_fn):

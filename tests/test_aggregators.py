@@ -233,6 +233,65 @@ def test_joint_adaptive_scales_track_per_vector_quantiles():
   assert q['clipped_count/group_0/tensor_1'] == pytest.approx((0.5, 0.0))
 
 
+def _joint_scale_reference(norms, alpha, gamma, eta, geometric, floor):
+  """numpy: the next scales from this round's per-client norms [m, k] (no noise): b_j is the
+  fraction of ||v_j|| <= alpha_j, then tfp's linear or geometric step, then the floor; in
+  float32 like TF, so the linear steps round alike."""
+  alpha, eta, gamma = np.float32(alpha), np.float32(eta), np.float32(gamma)
+  b = np.mean(norms <= alpha, axis=0).astype(np.float32)
+  update = eta * (b - gamma)
+  step = alpha * np.exp(-update) if geometric else alpha - update
+  return np.maximum(step, np.float32(floor))
+
+
+def _joint_sum_reference(values, alpha, joint_clip, m):
+  """numpy: sum over clients of v_j / alpha_j jointly clipped to S, times alpha_j, over m."""
+  out = [np.zeros_like(t, np.float64) for t in values[0]]
+  for value in values:
+    scaled = [np.float64(t) / a for t, a in zip(value, alpha)]
+    norm = np.sqrt(sum(np.sum(t**2) for t in scaled))
+    factor = joint_clip / max(norm, joint_clip)
+    for j, t in enumerate(scaled):
+      out[j] += t * factor * alpha[j] / m
+  return out
+
+
+@pytest.mark.parametrize('rule,eta,rounds', [
+    # Tiny updates: unfloored, alpha 1 -> .75 -> .5 -> .25 -> 0 exactly, then a NaN round.
+    ('linear', 0.5, 10),
+    # Tensor 1's updates are all zero: unfloored, alpha * e^-5 per round underflows to 0 and
+    # stays there.
+    ('geometric', 10.0, 25),
+])
+def test_joint_adaptive_scales_stay_positive(rule, eta, rounds):
+  m, shapes, gamma = 4, [(3,), (2,)], 0.5
+  rng = np.random.default_rng(9)
+  process = _process(aggregators.JointClipFactory(
+      noise_multiplier=0.0, clients_per_round=float(m), initial_scale=1.0,
+      clip_learning_rate=eta, target_unclipped_quantile=gamma, update_rule=rule), shapes)
+  state = process.initialize()
+  alpha = np.array([1.0, 1.0], np.float32)
+  tensor_1_norm = 0.0 if rule == 'geometric' else 1e-3
+  norms = np.array([[1e-3 * (c + 1), tensor_1_norm] for c in range(m)])
+  values = _clients(rng, shapes, m, norms)
+  lowest = 1.0
+  for r in range(rounds):
+    out = process.next(state, values)
+    state = out.state
+    used = np.array([float(out.measurements['scale'][f'tensor_{j}']) for j in range(2)])
+    new = np.array([float(out.measurements['next_scale'][f'tensor_{j}']) for j in range(2)])
+    np.testing.assert_allclose(used, alpha, rtol=1e-4, err_msg=f'round {r}')
+    assert np.all(used > 0) and np.all(new > 0), (r, used, new)
+    for got, want in zip(out.result, _joint_sum_reference(values, alpha, math.sqrt(2), m)):
+      assert np.all(np.isfinite(got)), (r, used)
+      np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-12)
+    alpha = _joint_scale_reference(norms, alpha, gamma, eta, rule == 'geometric',
+                                   aggregators.joint.MIN_SCALE)
+    np.testing.assert_allclose(new, alpha, rtol=1e-4, err_msg=f'round {r}')
+    lowest = min(lowest, float(np.min(alpha)))
+  assert lowest == np.float32(aggregators.joint.MIN_SCALE)   # The floor was reached.
+
+
 # ---------------------------------------------------------------- sensitivity and noise
 
 

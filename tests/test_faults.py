@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tasks import synthetic_data
 from tasks.base import FederatedTask
 from tff_dp import aggregators
 from tff_dp import ledger as ledger_lib
@@ -58,12 +59,22 @@ def _client(n, x_value=0.5, label=1):
                                  y=np.full((n,), label, np.int32))
 
 
+class _UnreadableClientData(tff.simulation.datasets.TestClientData):
+  """Client 'unreadable' fails to build, as one client of a broken data source would."""
+
+  def create_tf_dataset_for_client(self, client_id):
+    if client_id == 'unreadable':
+      raise OSError('disk I/O error')
+    return super().create_tf_dataset_for_client(client_id)
+
+
 def _tiny_task():
   clients = {f'good{i}': _client(8, 0.2 * (i + 1), i % 3) for i in range(3)}
   clients.update(empty=_client(0), nan_features=_client(8, np.nan), inf_features=_client(8, np.inf),
                  label_out_of_range=_client(8, 0.5, 7),
                  overflow=_client(8, 3e38, 1))   # Finite data, but the update overflows to NaN.
-  train = tff.simulation.datasets.TestClientData(clients)
+  clients.update(unreadable=_client(8))
+  train = _UnreadableClientData(clients)
   test = tff.simulation.datasets.TestClientData({'t': _client(12, 0.4, 2)})
   batch = lambda ds: ds.map(lambda e: (e['x'], e['y'])).batch(4)  # noqa: E731
 
@@ -81,7 +92,7 @@ def test_bad_client_data_and_diverged_updates_never_reach_the_model(tmp_path):
   task = _tiny_task()
   cfg = experiment.ExperimentConfig(
       root_output_dir=str(tmp_path), experiment_name='bad', total_rounds=3,
-      clients_per_round=8, client_sampling='fixed_size', dp='adaptive', clip=1.0,
+      clients_per_round=9, client_sampling='fixed_size', dp='adaptive', clip=1.0,
       noise_multiplier=0.1, clipped_count_stddev=1.0, client_learning_rate=0.1,
       accounting=('rdp',), delta=1e-3)
   log = []
@@ -89,7 +100,7 @@ def test_bad_client_data_and_diverged_updates_never_reach_the_model(tmp_path):
   rows = metrics_rows(tmp_path / 'bad')
   assert len(rows) == 3
   for row in rows:
-    assert int(row['clients_rejected']) == 4          # empty, NaN, Inf, labels out of range
+    assert int(row['clients_rejected']) == 5   # empty, NaN, Inf, labels out of range, unreadable
     # The overflowing client: TFF's client work zeroes its NaN delta, we count it.
     assert int(row['aggregator/zero_updates']) == 1
     assert int(row['aggregator/non_finite_zeroed']) == 0
@@ -100,7 +111,8 @@ def test_bad_client_data_and_diverged_updates_never_reach_the_model(tmp_path):
   assert all(np.all(np.isfinite(w)) for w in weights)
   messages = '\n'.join(log)
   for cid, reason in [('empty', 'empty dataset'), ('nan_features', 'NaN or Inf'),
-                      ('label_out_of_range', 'integer labels/tokens outside [0, 3) (found 7)')]:
+                      ('label_out_of_range', 'integer labels/tokens outside [0, 3) (found 7)'),
+                      ('unreadable', 'could not read its data (OSError: disk I/O error)')]:
     assert f'client {cid} skipped: {reason}' in messages
   assert len(ledger_lib.read_ledger(str(tmp_path / 'bad' / 'ledger.jsonl'))) == 3
 
@@ -114,6 +126,27 @@ def _cli(args, **kwargs):
 _COMMON = ['--task=emnist', '--emnist_only_digits', '--dp=fixed', '--clip=0.5',
            '--noise_multiplier=0.5', '--clients_per_round=5', '--max_eval_examples=100',
            '--client_batch_size=10', '--max_elements_per_client=30', '--delta=1e-3']
+
+
+def test_client_ids_with_quotes_train_through_the_cli(tmp_path):
+  # TFF pastes client ids into SQL text: "o'brien" broke the query (a traceback in round 1,
+  # and again on --resume) and "x' OR '1'='1" read every client's rows as its own.
+  ids = ["o'brien", "x' OR '1'='1", 'zoë 数据', 'two  spaces', 'q' * 200]
+  rng = np.random.default_rng(0)
+  clients = {cid: [synthetic_data.emnist_example(rng.uniform(0, 1, (28, 28)), i)
+                   for _ in range(3)] for i, cid in enumerate(ids)}
+  synthetic_data.write_sqlite(str(tmp_path / 'data' / 'emnist_all.sqlite'), {
+      split: clients for split in ('digits_only_train', 'digits_only_test', 'all_train',
+                                   'all_test')})
+  proc = _cli(_COMMON + [f'--data_dir={tmp_path / "data"}', f'--root_output_dir={tmp_path}',
+                         '--experiment_name=ids', '--total_rounds=1',
+                         '--client_sampling=fixed_size', f'--clients_per_round={len(ids)}'])
+  out, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err[-2000:]
+  assert 'Traceback' not in err and 'skipped' not in out
+  [row] = metrics_rows(tmp_path / 'ids')
+  assert int(row['num_clients']) == len(ids) and not row.get('clients_rejected')
+  assert np.isfinite(float(row['train_loss'])) and np.isfinite(float(row['eval_loss']))
 
 
 def test_unwritable_output_dir_is_a_clear_error(tmp_path):

@@ -10,7 +10,9 @@ import tensorflow_federated as tff
 
 import tasks
 from tasks import data_files
+from tasks import sql_client_data
 from tasks import synthetic_data
+from tasks import stackoverflow as so_task
 from tasks import vocab as vocab_lib
 from tff_dp.errors import UserInputError
 
@@ -245,3 +247,117 @@ def test_ensure_default_cache_builds_once(tmp_path, monkeypatch):
   assert db.stat().st_mtime_ns == first
   with pytest.raises(UserInputError):
     synthetic_data.ensure_default_cache(str(tmp_path), 'mnist')
+
+
+# ---------------------------------------------------------------------------------------------
+# Client ids that TFF's SqlClientData pastes into SQL text: each client reads exactly its rows.
+
+ODD_IDS = ["o'brien", "x' OR '1'='1", 'x', 'zoë 数据 😀', 'two  spaces ', 'q' * 199 + "'",
+           "'; DROP TABLE examples; --"]
+
+
+def _odd_emnist_cache(path, ids=ODD_IDS):
+  """emnist_all.sqlite where client i has i + 2 examples with label (i % 10), distinct pixels."""
+  rng = np.random.default_rng(11)
+  clients = {cid: [synthetic_data.emnist_example(rng.uniform(0, 1, (28, 28)), i % 10)
+                   for _ in range(i + 2)] for i, cid in enumerate(ids)}
+  synthetic_data.write_sqlite(os.path.join(path, 'emnist_all.sqlite'), {
+      split: clients for split in ('all_train', 'all_test', 'digits_only_train',
+                                   'digits_only_test')})
+  return os.path.join(path, 'emnist_all.sqlite')
+
+
+def _rows(db, split, cid):
+  """The client's protos read with sqlite3's bound parameters (the reference), parsed by the
+  protobuf library (not by TFF's parsing)."""
+  with sqlite3.connect(db) as con:
+    rows = con.execute('SELECT serialized_example_proto FROM examples WHERE split_name=? AND '
+                       'client_id=? ORDER BY rowid', (split, cid)).fetchall()
+  con.close()
+  return [tf.train.Example.FromString(r[0]).features.feature for r in rows]
+
+
+def test_emnist_client_reads_exactly_its_own_rows_for_any_id(tmp_path):
+  db = _odd_emnist_cache(str(tmp_path))
+  task = tasks.build_task('emnist', str(tmp_path))
+  assert sorted(task.train_data.client_ids) == sorted(ODD_IDS)
+  raw_train, _ = EMNIST.load_data(only_digits=False, cache_dir=str(tmp_path))
+  assert task.train_data.element_type_structure == raw_train.element_type_structure
+  for cid in ODD_IDS:
+    got = list(task.train_data.create_tf_dataset_for_client(cid).as_numpy_iterator())
+    want = _rows(db, 'all_train', cid)
+    assert len(got) == len(want) == ODD_IDS.index(cid) + 2, cid
+    for g, w in zip(got, want):
+      np.testing.assert_array_equal(g['pixels'].ravel(), np.float32(w['pixels'].float_list.value))
+      assert g['label'] == w['label'].int64_list.value[0]
+  # The evaluation path reads every client through the traced `serializable_dataset_fn`.
+  everything = list(task.test_data.create_tf_dataset_from_all_clients(seed=0).as_numpy_iterator())
+  with sqlite3.connect(db) as con:
+    labels = [tf.train.Example.FromString(r[0]).features.feature['label'].int64_list.value[0]
+              for r in con.execute("SELECT serialized_example_proto FROM examples "
+                                   "WHERE split_name='all_test'")]
+  con.close()
+  assert sorted(int(e['label']) for e in everything) == sorted(labels)
+
+
+def test_stackoverflow_client_reads_exactly_its_own_rows_for_any_id(tmp_path):
+  clients = {cid: [synthetic_data.stackoverflow_example(tokens=f'w{i} w{j}', title=cid, tags='t1')
+                   for j in range(i + 1)] for i, cid in enumerate(ODD_IDS)}
+  db = str(tmp_path / 'stackoverflow.sqlite')
+  synthetic_data.write_sqlite(db, {split: clients for split in ('train', 'heldout', 'test')})
+  train, test = so_task._load(str(tmp_path))   # pylint: disable=protected-access
+  for data, split in ((train, 'train'), (test, 'test')):
+    for cid in ODD_IDS:
+      got = list(data.create_tf_dataset_for_client(cid).as_numpy_iterator())
+      want = _rows(db, split, cid)
+      assert [(g['tokens'], g['title']) for g in got] == [
+          (w['tokens'].bytes_list.value[0], w['title'].bytes_list.value[0]) for w in want]
+
+
+@pytest.mark.parametrize('encoding', ['UTF-16le', 'UTF-16be'])
+def test_client_query_matches_ids_in_utf16_databases(tmp_path, encoding):
+  db = str(tmp_path / 'emnist_all.sqlite')
+  proto = synthetic_data.emnist_example(np.zeros((28, 28)), 1)
+  with sqlite3.connect(db) as con:
+    con.execute(f"PRAGMA encoding = '{encoding}'")   # Before any table: fixes the encoding.
+    con.execute('CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL, '
+                'serialized_example_proto BLOB NOT NULL);')
+    con.execute('CREATE TABLE client_metadata (client_id TEXT NOT NULL, '
+                'split_name TEXT NOT NULL, num_examples INTEGER NOT NULL);')
+    for split in ('all_train', 'all_test'):
+      for i, cid in enumerate(ODD_IDS):
+        con.executemany('INSERT INTO examples VALUES (?, ?, ?)', [(split, cid, proto)] * (i + 1))
+        con.execute('INSERT INTO client_metadata VALUES (?, ?, ?)', (cid, split, i + 1))
+    assert con.execute('PRAGMA encoding').fetchone()[0] == encoding
+  con.close()
+  train, _ = EMNIST.load_data(only_digits=False, cache_dir=str(tmp_path))
+  safe = sql_client_data.safe_client_data(train)
+  assert [len(list(safe.create_tf_dataset_for_client(c))) for c in ODD_IDS] == [
+      len(_rows(db, 'all_train', c)) for c in ODD_IDS] == list(range(1, len(ODD_IDS) + 1))
+  sql = safe._underlying_client_data  # pylint: disable=protected-access
+  for cid in ODD_IDS:   # The traced-id query transcodes in graph ops to the same text.
+    assert sql.query(tf.constant(cid)).numpy().decode() == sql.query(cid)
+  assert len(list(safe.create_tf_dataset_from_all_clients(seed=0))) == sum(
+      range(1, len(ODD_IDS) + 1))
+
+
+def test_generated_caches_index_the_client_lookup(tmp_path):
+  db = _odd_emnist_cache(str(tmp_path))
+  with sqlite3.connect(db) as con:
+    indexed = [[c[2] for c in con.execute(f"PRAGMA index_info('{name}')")]
+               for _, name, *_ in con.execute('PRAGMA index_list(examples)')]
+  con.close()
+  assert ['split_name', 'client_id'] in indexed
+  train, _ = EMNIST.load_data(only_digits=False, cache_dir=str(tmp_path))
+  safe = sql_client_data.safe_client_data(train)
+  sql = safe._underlying_client_data  # pylint: disable=protected-access
+  query = sql.query(ODD_IDS[1])
+  assert ODD_IDS[1] not in query and "'1'='1" not in query
+  for cid in ODD_IDS:   # The traced-id query (graph ops) is the same text as the Python one.
+    assert sql.query(tf.constant(cid)).numpy().decode() == sql.query(cid)
+  with sqlite3.connect(db) as con:
+    plan = ' '.join(str(r[-1]) for r in con.execute('EXPLAIN QUERY PLAN ' + query))
+    rows = con.execute(query).fetchall()
+  con.close()
+  assert 'USING INDEX' in plan and 'TEMP B-TREE' not in plan, plan   # No scan, no sort.
+  assert len(rows) == len(_rows(db, 'all_train', ODD_IDS[1])) == 3

@@ -5,16 +5,18 @@ plus the preprocessing graph), a quarter of an EMNIST round at 10 clients. Sampl
 deterministic in (seed, round), so the loop asks for round r+1's clients while round r runs in
 the C++ worker (which releases the GIL), and clients sampled again reuse their cached pipeline.
 A cached pipeline is the same object the loop would rebuild (same shuffle seed), so caching
-changes no result. Errors raised while building in the background surface in `get`.
+changes no result.
 
 Each client's data is also checked once, when first built (`check_client_dataset`): an empty
 dataset, NaN/Inf values or integer labels/tokens outside the model's output range would
 otherwise fail deep inside TF in the worker (or poison the update); such a client is rejected
-from its rounds with the reason, like a client that dropped out.
+from its rounds with the reason, like a client that dropped out. So is a client whose dataset
+cannot be built or read at all (any exception from `dataset_fn` or the check).
 """
 
 import collections
 import concurrent.futures
+import re
 import threading
 from typing import Any, Callable, Hashable, Optional, Sequence
 
@@ -45,6 +47,17 @@ def check_client_dataset(dataset: tf.data.Dataset, max_index: Optional[int]) -> 
   return None
 
 
+def _failure_reason(e: Exception) -> str:
+  """One line naming the exception: TF errors carry the op's message (`e.message`, e.g. the
+  SQLite error) after a long node prefix in str(e)."""
+  message = getattr(e, 'message', None) or str(e)
+  lines = [l.strip() for l in str(message).splitlines() if l.strip()]
+  first = re.sub(r'^\{\{function_node [^}]*\}\}\s*', '', lines[0]) if lines else ''
+  if len(first) > 300:
+    first = first[:300] + ' ...'
+  return f'could not read its data ({type(e).__name__}{": " + first if first else ""})'
+
+
 class ClientDatasets:
   """client id -> preprocessed dataset, built by `dataset_fn`, checked, cached and prefetched."""
 
@@ -68,8 +81,18 @@ class ClientDatasets:
     return None
 
   def _make(self, cid):
-    ds = self._fn(cid)
-    return ds, (self._check(ds) if self._check is not None else None)
+    """(dataset, rejection reason or None); the dataset is None if it could not be built.
+
+    Any exception from `dataset_fn` or `check_fn` (a client id the data source cannot read, an
+    unreadable or malformed record) is one client's problem: the client is rejected with the
+    reason, like a check failure, and the round goes on without it.
+    """
+    try:
+      ds = self._fn(cid)
+      reason = self._check(ds) if self._check is not None else None
+    except Exception as e:  # pylint: disable=broad-except
+      return None, _failure_reason(e)
+    return ds, reason
 
   def _build(self, cid):
     """(dataset, rejection reason or None)."""
