@@ -3,11 +3,13 @@
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from tff_dp import runtime
+from run_helpers import script
 from run_helpers import script_env
 
 
@@ -62,3 +64,33 @@ def test_sigterm_stops_worker():
   time.sleep(0.5)
   assert not runtime._alive(children[0])
   assert _all_worker_pids() - before == set()
+
+
+@pytest.mark.slow
+def test_sigkilled_coordinator_takes_its_worker_with_it(tmp_path):
+  """SIGKILL (or the OOM killer) runs no cleanup: the kernel must end the worker, so that a
+  parent reading the run's stdout sees EOF instead of waiting forever."""
+  from tasks import synthetic_data
+  cache = str(tmp_path / 'cache')
+  synthetic_data.write_stackoverflow_cache(cache, num_train_clients=20, examples_per_client=8,
+                                           seed=1, vocab_size=200, num_tags=30, num_topics=5)
+  proc = subprocess.Popen(
+      script('run_experiment.py') + [
+          '--task=stackoverflow_tag', f'--data_dir={cache}', '--so_vocab_size=200',
+          '--so_tag_vocab_size=30', '--dp=fixed', '--clip=1', '--noise_multiplier=1',
+          '--clients_per_round=5', '--total_rounds=200', '--rounds_per_eval=1000',
+          f'--root_output_dir={tmp_path}', '--experiment_name=exp'],
+      env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  while 'round    2/200' not in proc.stdout.readline():   # Round 3 is now running.
+    assert proc.poll() is None, 'the run ended early'
+  workers = runtime.worker_pids(proc.pid)
+  assert len(workers) == 1
+  proc.kill()
+  eof = threading.Event()
+  threading.Thread(target=lambda: (proc.stdout.read(), eof.set()), daemon=True).start()
+  assert eof.wait(timeout=20), 'stdout stayed open after the coordinator was killed'
+  proc.wait()
+  deadline = time.monotonic() + 10
+  while runtime._alive(workers[0]) and time.monotonic() < deadline:
+    time.sleep(0.1)
+  assert not runtime._alive(workers[0])

@@ -5,12 +5,22 @@ TFF 0.87 starts a `worker_binary` subprocess on the first computation. It is onl
 parent's stdout, so a pipe reading our output (CI, `| tee`) never reaches EOF while it lives.
 We therefore kill our own worker children explicitly: at exit, on SIGTERM, and on demand
 (test fixtures). Children are found through /proc so this does not depend on TFF internals.
+
+None of that runs when this process is killed with SIGKILL (or by the OOM killer), so
+`bind_workers_to_this_process` also makes the kernel kill the worker when we die: the worker
+is started with Linux's PR_SET_PDEATHSIG = SIGKILL. TFF calls `subprocess.Popen` itself, with
+no hook, so we give its module a `Popen` that sets it (the one TFF internal we touch).
 """
 
 import atexit
+import ctypes
 import gc
 import os
+import queue
 import signal
+import subprocess
+import sys
+import threading
 import time
 
 _WORKER_NAME = 'worker_binary'
@@ -145,6 +155,84 @@ def install_shutdown_hooks() -> None:
       pass  # Not the main thread; atexit still covers normal exit.
 
 
+_PR_SET_PDEATHSIG = 1   # From <sys/prctl.h>.
+try:  # Resolved before any fork: the child only calls it.
+  _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith('linux') else None
+except (OSError, AttributeError):
+  _PRCTL = None
+
+
+def _die_with(parent_pid: int):
+  """preexec_fn: the child gets SIGKILL when its parent dies (and exits if it already has)."""
+  def preexec():
+    if _PRCTL is not None:
+      _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:   # The parent died between fork and prctl.
+      os._exit(1)
+  return preexec
+
+
+class _Spawner:
+  """One daemon thread that forks the workers.
+
+  PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, not the process. TFF
+  forks from whichever thread runs its context (its event-loop thread, which ends when the
+  context is replaced), so we fork from a thread that lives exactly as long as this process.
+  """
+
+  def __init__(self):
+    self._requests: queue.Queue = queue.Queue()
+    threading.Thread(target=self._serve, name='tff_dp-worker-spawner', daemon=True).start()
+
+  def _serve(self):
+    while True:
+      fn, done = self._requests.get()
+      try:
+        done.put((fn(), None))
+      except BaseException as e:  # pylint: disable=broad-except
+        done.put((None, e))
+
+  def call(self, fn):
+    done: queue.Queue = queue.Queue(maxsize=1)
+    self._requests.put((fn, done))
+    result, error = done.get()
+    if error is not None:
+      raise error
+    return result
+
+
+_spawner = None
+_spawner_lock = threading.Lock()
+
+
+class WorkerPopen(subprocess.Popen):
+  """`subprocess.Popen` whose child is killed by the kernel when this process dies."""
+
+  def __init__(self, args, **kwargs):
+    global _spawner
+    if kwargs.get('preexec_fn') is None:
+      kwargs['preexec_fn'] = _die_with(os.getpid())
+    with _spawner_lock:
+      if _spawner is None:
+        _spawner = _Spawner()
+    _spawner.call(lambda: super(WorkerPopen, self).__init__(args, **kwargs))
+
+
+class _SubprocessWithWorkerPopen:
+  """The `subprocess` module as TFF's executor factory sees it, with `WorkerPopen`."""
+  Popen = WorkerPopen
+
+  def __getattr__(self, name):
+    return getattr(subprocess, name)
+
+
+def bind_workers_to_this_process() -> None:
+  """Every worker_binary TFF starts from now on dies with this process, even on SIGKILL."""
+  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.executor_stacks import executor_factory
+  executor_factory.subprocess = _SubprocessWithWorkerPopen()
+
+
 def configure_execution_context(*, max_concurrent_computation_calls: int = -1,
                                 default_num_clients: int = 0) -> None:
   """Installs TFF's local C++ execution context with the given client concurrency.
@@ -157,6 +245,7 @@ def configure_execution_context(*, max_concurrent_computation_calls: int = -1,
   """
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   shutdown_workers()
+  bind_workers_to_this_process()
   tff.backends.native.set_sync_local_cpp_execution_context(
       default_num_clients=default_num_clients,
       max_concurrent_computation_calls=max_concurrent_computation_calls)

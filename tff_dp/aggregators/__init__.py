@@ -5,6 +5,7 @@ Every factory reports `privacy_queries` (docs/ARCHITECTURE.md, Contract 1) in it
 
 from typing import Optional
 
+from tff_dp import runtime
 from tff_dp.aggregators.adaptive import AdaptiveClipGaussianFactory
 from tff_dp.aggregators.fixed import FixedClipGaussianFactory
 from tff_dp.aggregators.fixed import ReportingDPFactory
@@ -15,6 +16,9 @@ from tff_dp.aggregators.privacy_queries import find_privacy_queries
 from tff_dp.errors import UserInputError
 
 DP_KINDS = ('fixed', 'adaptive', 'per_layer_adaptive', 'joint')
+
+# A program using our aggregators leaves no TFF worker behind, even when it is SIGKILLed.
+runtime.bind_workers_to_this_process()
 
 
 def build_dp_aggregator(kind: str, *, noise_multiplier: float, clients_per_round: float,
