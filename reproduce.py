@@ -12,16 +12,31 @@ the embedded offline data, few rounds and clients (a pipeline check, not the pap
 
 Each arm runs as its own `run_experiment.py` process (clean TF/TFF state, its own worker). An
 arm whose run directory is complete is skipped, a partial one is resumed, so re-running the
-command after an interruption continues where it stopped. Outputs:
-  ROOT/TABLE-SCALE/runs/ARM/     the run directories
+command after an interruption continues where it stopped. Before anything runs, every run
+directory about to be skipped or resumed is checked against the flags that would be run now:
+if its config.json records another value for one of them (a flag file was edited since), the
+command stops with an `error:` line instead of passing the old run off as the current arm.
+
+--extra_flags make a different run: it goes to its own directory ARM+SLUG+HASH (SLUG the flags
+made filesystem-safe, HASH of the exact flag list), e.g. --extra_flags=--seed=1 runs
+`adaptive+seed=1+<hash>` beside the seed-0 `adaptive`. The table covers the arms run plus every
+finished run of them that differs only in the seed, one row per seed and a mean ± sd row.
+
+Outputs:
+  ROOT/TABLE-SCALE/runs/ARM/     the run directories (ARM+SLUG+HASH/ with --extra_flags)
   ROOT/TABLE-SCALE/results.md    the table beside the paper's numbers, and the PNG plots
 """
 
+import dataclasses
 import glob
+import hashlib
+import json
 import os
+import re
 import subprocess
 import sys
 import time
+from typing import Optional, Sequence
 
 from absl import app
 from absl import flags
@@ -47,7 +62,11 @@ _ARMS = flags.DEFINE_list('arms', None, 'Only these arms (flag-file names withou
 _DRY_RUN = flags.DEFINE_bool('dry_run', False, 'Print the commands; run nothing.')
 _EXTRA = flags.DEFINE_list(
     'extra_flags', [], 'Flags appended to every arm\'s command, e.g. '
-    '--extra_flags=--total_rounds=50,--seed=1 (they override the flag files).')
+    '--extra_flags=--total_rounds=50,--seed=1 (they override the flag files). The runs go to '
+    'their own directories ARM+SLUG+HASH, so they never reuse the runs made without them.')
+
+# Set by reproduce.py for each arm: not allowed in --extra_flags, not compared with config.json.
+_PER_ARM_FLAGS = ('root_output_dir', 'experiment_name', 'resume')
 
 
 def list_tables(experiments_dir: str) -> list[str]:
@@ -56,8 +75,109 @@ def list_tables(experiments_dir: str) -> list[str]:
 
 
 def arm_name(arm_file: str) -> str:
-  """experiments/TABLE/adaptive.flags -> 'adaptive' (also the run directory's name)."""
+  """experiments/TABLE/adaptive.flags -> 'adaptive' (its run directory without --extra_flags)."""
   return os.path.basename(arm_file)[:-len('.flags')]
+
+
+def run_dir_name(arm: str, extra: Sequence[str]) -> str:
+  """The run directory of `arm` run with `extra` flags.
+
+  No extra flags: the arm's name, as always (existing runs stay valid). Otherwise
+  ARM+SLUG+HASH: SLUG the flags without dashes, filesystem-safe and cut to 48 characters, for
+  people; HASH the first 8 hex digits of SHA-256 over the exact flag list, so two different
+  lists never share a directory even when their slugs collide or are cut.
+  """
+  if not extra:
+    return arm
+  slug = '+'.join(re.sub(r'[^A-Za-z0-9._=-]+', '_', f.lstrip('-')) for f in extra)
+  digest = hashlib.sha256(json.dumps(list(extra)).encode()).hexdigest()[:8]
+  return f'{arm}+{slug[:48].rstrip("+")}+{digest}'
+
+
+def _split_flag(flag: str) -> tuple[str, Optional[str]]:
+  """'--name=value' -> ('name', 'value'); '--name' -> ('name', None)."""
+  name, sep, value = flag.lstrip('-').partition('=')
+  return name, (value if sep else None)
+
+
+def check_extra_flags(extra: Sequence[str]) -> None:
+  """Raises ValueError unless every item is a flag reproduce.py leaves to the user."""
+  for flag in extra:
+    name, _ = _split_flag(flag)
+    if not flag.startswith('-') or not name:
+      raise ValueError(f'--extra_flags: {flag!r} is not a flag (--name=value); a value with a '
+                       'comma cannot go through --extra_flags, put it in a flag file instead')
+    if name in _PER_ARM_FLAGS or (name.startswith('no') and name[2:] in _PER_ARM_FLAGS):
+      raise ValueError(f'--extra_flags: {flag} is set by reproduce.py for each arm (the run '
+                       'directory is ROOT/TABLE-SCALE/runs/...; use --root_output_dir)')
+
+
+def read_flag_file(path: str, _stack: tuple = ()) -> list[str]:
+  """The flags of an absl flag file in order, as absl reads it: blank lines and lines starting
+  with '#' or '//' skipped, nested --flagfile= expanded in place."""
+  if path in _stack:
+    return []
+  out = []
+  with open(path) as f:
+    for line in f:
+      if not line.strip() or line.startswith(('#', '//')):
+        continue
+      if line.startswith(('--flagfile=', '-flagfile=')):
+        out += read_flag_file(os.path.expanduser(line.partition('=')[2].strip()), _stack + (path,))
+      else:
+        out.append(line.strip())
+  return out
+
+
+def _expand(cmd_flags: Sequence[str]) -> list[str]:
+  out = []
+  for flag in cmd_flags:
+    name, value = _split_flag(flag)
+    out += read_flag_file(os.path.expanduser(value)) if name == 'flagfile' and value else [flag]
+  return out
+
+
+def _same_setting(recorded, value: Optional[str]) -> bool:
+  """Whether the flag value `value` (None: a bare `--name`) gives the setting config.json
+  recorded as `recorded`, parsed as absl parses a flag of that type."""
+  try:
+    if isinstance(recorded, bool):
+      parsed = True if value is None else {'true': True, 't': True, '1': True, 'false': False,
+                                           'f': False, '0': False}[value.lower()]
+      return parsed == recorded
+    if value is None or recorded is None:
+      return False
+    if isinstance(recorded, (int, float)):
+      return float(value) == float(recorded)
+    if isinstance(recorded, list):
+      items = [v.strip() for v in value.split(',') if v.strip()]
+      return len(items) == len(recorded) and all(
+          _same_setting(r, v) for r, v in zip(recorded, items))
+    if isinstance(recorded, dict):   # --paper_results=key=number,...
+      pairs = [item.partition('=') for item in value.split(',') if item.strip()]
+      return {k.strip(): float(v) for k, _, v in pairs} == {
+          k: float(v) for k, v in recorded.items()}
+    return value == str(recorded)
+  except (KeyError, ValueError, TypeError):
+    return False
+
+
+def config_differences(config: dict, cmd_flags: Sequence[str]) -> list[str]:
+  """The flags of an arm's command whose value differs from what the run's config.json records.
+
+  Only flags that config.json records are compared (e.g. not --data_dir or --client_batch_size),
+  and only those set on the command line or in its flag files: removing a flag from a flag file
+  so that run_experiment.py's default applies is not seen. The last setting of a flag wins.
+  """
+  settings: dict[str, Optional[str]] = {}
+  for flag in _expand(cmd_flags):
+    name, value = _split_flag(flag)
+    if name not in config and value is None and name.startswith('no') and name[2:] in config:
+      name, value = name[2:], 'false'   # --noflag
+    if name in config and name not in _PER_ARM_FLAGS:
+      settings[name] = value
+  return [f'--{name}{"" if value is None else "=" + value} (the run has {config[name]!r})'
+          for name, value in settings.items() if not _same_setting(config[name], value)]
 
 
 def arm_files(table_dir: str) -> list[str]:
@@ -72,14 +192,22 @@ def _run_state(run_dir: str) -> str:
   return 'complete' if os.path.exists(os.path.join(run_dir, 'summary.json')) else 'partial'
 
 
-def arm_command(arm_file: str, table_dir: str, runs_dir: str, scale: str, data_dir: str,
-                extra: list[str]) -> list[str]:
-  name = arm_name(arm_file)
-  cmd = [sys.executable, os.path.join(_HERE, 'run_experiment.py'), f'--flagfile={arm_file}']
+def _arm_flags(arm_file: str, table_dir: str, scale: str, data_dir: str,
+               extra: Sequence[str]) -> list[str]:
+  """The arm's settings on the command line: flag files, data, --extra_flags (last wins)."""
+  cmd = [f'--flagfile={arm_file}']
   if scale == 'smoke':
     cmd.append(f'--flagfile={os.path.join(table_dir, _SMOKE_FLAGS)}')
   else:
     cmd.append(f'--data_dir={data_dir}')
+  return cmd + list(extra)
+
+
+def arm_command(arm_file: str, table_dir: str, runs_dir: str, scale: str, data_dir: str,
+                extra: Sequence[str]) -> list[str]:
+  name = run_dir_name(arm_name(arm_file), extra)
+  cmd = [sys.executable, os.path.join(_HERE, 'run_experiment.py')]
+  cmd += _arm_flags(arm_file, table_dir, scale, data_dir, ())
   cmd += [f'--root_output_dir={runs_dir}', f'--experiment_name={name}'] + list(extra)
   if _run_state(os.path.join(runs_dir, name)) == 'partial':
     cmd.append('--resume')
@@ -96,10 +224,54 @@ def _check_table(table: str, experiments_dir: str, scale: str) -> str:
   return table_dir
 
 
-def reproduce_table(table: str, *, scale: str, data_dir: str, root_output_dir: str,
-                    experiments_dir: str, arms=None, extra=(), dry_run=False) -> dict:
-  """Runs (or resumes/skips) every arm of `table`, then writes the table; returns a summary."""
-  from tff_dp import tables  # pylint: disable=g-import-not-at-top
+@dataclasses.dataclass
+class ArmPlan:
+  arm: str        # the flag file's name
+  run_dir: str
+  state: str      # missing | partial | complete (see _run_state)
+  cmd: list
+
+
+@dataclasses.dataclass
+class TablePlan:
+  table: str
+  scale: str
+  out_dir: str
+  runs_dir: str
+  arms: list      # [ArmPlan]
+
+
+def _read_config(run_dir: str) -> Optional[dict]:
+  """RUN_DIR/config.json, None if the run never wrote it; ValueError if unreadable."""
+  path = os.path.join(run_dir, 'config.json')
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, json.JSONDecodeError) as e:
+    raise ValueError(f'{path} is unreadable: {e}') from None
+
+
+def _check_reusable(table: str, arm: str, run_dir: str, state: str,
+                    arm_flags: Sequence[str]) -> None:
+  """Refuses a run directory to be skipped or resumed that was made with other settings."""
+  config = _read_config(run_dir)
+  diffs = [] if config is None else config_differences(config, arm_flags)
+  if diffs:
+    more = f' and {len(diffs) - 3} more' if len(diffs) > 3 else ''
+    raise ValueError(
+        f'[{table}] {arm}: the {"finished" if state == "complete" else "interrupted"} run in '
+        f'{run_dir} was made with other settings than the arm has now: {"; ".join(diffs[:3])}'
+        f'{more}. Move or delete that directory to run the arm as it is now, or restore its '
+        'flag file (nothing was run)')
+
+
+def plan_table(table: str, *, scale: str, data_dir: str, root_output_dir: str,
+               experiments_dir: str, arms=None, extra=()) -> TablePlan:
+  """What `reproduce_table` will do for each arm; raises ValueError on bad input or on a run
+  directory it would reuse that does not match the arm's flags. Writes nothing."""
+  check_extra_flags(extra)
   table_dir = _check_table(table, experiments_dir, scale)
   out_dir = os.path.join(root_output_dir, f'{table}-{scale}')
   runs_dir = os.path.join(out_dir, 'runs')
@@ -109,36 +281,84 @@ def reproduce_table(table: str, *, scale: str, data_dir: str, root_output_dir: s
     if unknown:
       raise ValueError(f'unknown --arms {sorted(unknown)} for table {table}')
     files = [f for f in files if arm_name(f) in arms]
-  failed, run_dirs = [], []
+  plan = TablePlan(table, scale, out_dir, runs_dir, [])
   for arm_file in files:
     name = arm_name(arm_file)
-    run_dir = os.path.join(runs_dir, name)
-    if _run_state(run_dir) == 'complete':
-      print(f'[{table}] {name}: complete, skipped', flush=True)
-      run_dirs.append(run_dir)
+    run_dir = os.path.join(runs_dir, run_dir_name(name, extra))
+    state = _run_state(run_dir)
+    if state != 'missing':
+      _check_reusable(table, name, run_dir, state,
+                      _arm_flags(arm_file, table_dir, scale, data_dir, extra))
+    plan.arms.append(ArmPlan(name, run_dir, state,
+                             arm_command(arm_file, table_dir, runs_dir, scale, data_dir, extra)))
+  return plan
+
+
+def _seed_siblings(runs_dir: str, run_dirs: Sequence[str]) -> list[str]:
+  """Finished runs in `runs_dir`, other than `run_dirs`, that repeat one of them with another
+  seed (config.json equal but for the seed): the table shows them together."""
+  from tff_dp import tables  # pylint: disable=g-import-not-at-top
+  keys = set()
+  for d in run_dirs:
+    config = _read_config(d)
+    if config is not None:
+      keys.add(tables.seed_group_key(config))
+  siblings = []
+  for name in sorted(os.listdir(runs_dir)) if os.path.isdir(runs_dir) else []:
+    path = os.path.join(runs_dir, name)
+    if path in run_dirs or _run_state(path) != 'complete':
       continue
-    cmd = arm_command(arm_file, table_dir, runs_dir, scale, data_dir, list(extra))
-    print(f'[{table}] {name}: {" ".join(cmd[1:])}', flush=True)
+    config = _read_config(path)
+    if config is not None and tables.seed_group_key(config) in keys:
+      siblings.append(path)
+  return siblings
+
+
+def run_table(plan: TablePlan, *, dry_run: bool = False) -> dict:
+  """Runs (or resumes/skips) the planned arms, then writes the table; returns a summary."""
+  from tff_dp import tables  # pylint: disable=g-import-not-at-top
+  table = plan.table
+  failed, run_dirs = [], []
+  for arm in plan.arms:
+    label = os.path.basename(arm.run_dir)
+    if arm.state == 'complete':
+      print(f'[{table}] {label}: complete, skipped', flush=True)
+      run_dirs.append(arm.run_dir)
+      continue
+    print(f'[{table}] {label}: {" ".join(arm.cmd[1:])}', flush=True)
     if dry_run:
       continue
     t0 = time.monotonic()
     # TF's C++ start-up noise (cuDNN/cuFFT registration on a CPU machine) is level-2 logging.
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get('TF_CPP_MIN_LOG_LEVEL', '3'))
-    rc = subprocess.call(cmd, env=env)
-    print(f'[{table}] {name}: exit {rc} after {time.monotonic() - t0:.0f}s', flush=True)
+    rc = subprocess.call(arm.cmd, env=env)
+    print(f'[{table}] {label}: exit {rc} after {time.monotonic() - t0:.0f}s', flush=True)
     if rc != 0:
-      failed.append(name)
-    if os.path.exists(os.path.join(run_dir, 'config.json')):
-      run_dirs.append(run_dir)
-  summary = {'table': table, 'failed': failed, 'run_dirs': run_dirs, 'output_dir': out_dir}
+      failed.append(arm.arm)
+    if os.path.exists(os.path.join(arm.run_dir, 'config.json')):
+      run_dirs.append(arm.run_dir)
+  summary = {'table': table, 'failed': failed, 'run_dirs': run_dirs, 'output_dir': plan.out_dir}
   if run_dirs and not dry_run:
-    preamble = (f'Table `{table}`, scale `{scale}`'
+    siblings = _seed_siblings(plan.runs_dir, run_dirs)
+    if siblings:
+      print(f'[{table}] also tabulated, the same arms with other seeds: '
+            f'{", ".join(os.path.basename(d) for d in siblings)}', flush=True)
+    preamble = (f'Table `{table}`, scale `{plan.scale}`'
                 + (' (embedded synthetic data, few rounds: checks the pipeline; the numbers are '
-                   'not comparable with the paper\'s).' if scale == 'smoke' else '.'))
-    written = tables.build_tables(run_dirs, out_dir, preamble=preamble)
-    summary.update(table_file=written['table'], plots=written['plots'])
+                   'not comparable with the paper\'s).' if plan.scale == 'smoke' else '.'))
+    written = tables.build_tables(run_dirs + siblings, plan.out_dir, preamble=preamble)
+    summary.update(table_runs=run_dirs + siblings, table_file=written['table'],
+                   plots=written['plots'])
     print(f'[{table}] table: {written["table"]}', flush=True)
   return summary
+
+
+def reproduce_table(table: str, *, scale: str, data_dir: str, root_output_dir: str,
+                    experiments_dir: str, arms=None, extra=(), dry_run=False) -> dict:
+  """Plans then runs one table (see `plan_table` and `run_table`)."""
+  return run_table(plan_table(table, scale=scale, data_dir=data_dir,
+                              root_output_dir=root_output_dir, experiments_dir=experiments_dir,
+                              arms=arms, extra=extra), dry_run=dry_run)
 
 
 def main(argv) -> int:
@@ -160,12 +380,14 @@ def main(argv) -> int:
   names = (list_tables(_EXPERIMENTS.value) if _TABLE.value == 'all' else [_TABLE.value])
   failed = []
   try:
-    for table in names:
-      summary = reproduce_table(
-          table, scale=_SCALE.value, data_dir=data_dir, root_output_dir=_ROOT_OUTPUT_DIR.value,
-          experiments_dir=_EXPERIMENTS.value, arms=_ARMS.value, extra=_EXTRA.value,
-          dry_run=_DRY_RUN.value)
-      failed += [f'{table}/{arm}' for arm in summary['failed']]
+    # Every table is planned (and its reused runs checked) before the first arm runs.
+    plans = [plan_table(table, scale=_SCALE.value, data_dir=data_dir,
+                        root_output_dir=_ROOT_OUTPUT_DIR.value,
+                        experiments_dir=_EXPERIMENTS.value, arms=_ARMS.value, extra=_EXTRA.value)
+             for table in names]
+    for plan in plans:
+      summary = run_table(plan, dry_run=_DRY_RUN.value)
+      failed += [f'{plan.table}/{arm}' for arm in summary['failed']]
   except (ValueError, UserInputError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2

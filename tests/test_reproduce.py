@@ -1,9 +1,11 @@
 """experiments/ flag files and reproduce.py: every table parses, runs at smoke scale, tabulates."""
 
+import dataclasses
 import glob
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -148,22 +150,24 @@ def test_every_table_reproduces_at_smoke_scale(tmp_path):
       run_dir = table_dir / 'runs' / arm
       config = json.loads((run_dir / 'config.json').read_text())
       metrics = metrics_rows(run_dir)
-      assert int(cells[3]) == config['total_rounds'] == len(metrics)
+      # run, arm, seed, clients (pop.), rounds, paper rounds, delta, epsilon, paper eps, acc
+      assert int(cells[4]) == config['total_rounds'] == len(metrics)
+      assert cells[2] == '0'   # The flag files set no --seed: run_experiment.py's default.
       if 'adadps' in table:   # --max_train_clients: the population is the subset.
-        assert config['population_size'] == 40 and cells[2] == '8 (40)'
+        assert config['population_size'] == 40 and cells[3] == '8 (40)'
       final_acc = [float(m['eval_accuracy']) for m in metrics if m.get('eval_accuracy')][-1]
-      assert float(cells[8]) == pytest.approx(final_acc, rel=1e-3)
+      assert float(cells[9]) == pytest.approx(final_acc, rel=1e-3)
       delta = config['paper_results'].get('delta', config['delta_used'])
-      assert float(cells[6]) == pytest.approx(_independent_epsilon(str(run_dir), delta),
+      assert float(cells[7]) == pytest.approx(_independent_epsilon(str(run_dir), delta),
                                               rel=1e-3)
-      assert math.isfinite(float(cells[6])) and float(cells[6]) > 0
+      assert math.isfinite(float(cells[7])) and float(cells[7]) > 0
   recycling = tmp_path / f'{TABLES[3]}-smoke' / 'runs'
   for arm in ('last_iterate', 'train_on_ema'):
     last = metrics_rows(recycling / arm)[-1]
     assert last['eval_ema_accuracy'] and last['eval_past_k_accuracy']
     assert (recycling / arm / 'uncertainty.json').exists()
   # Same sampling and noise: training over the EMA leaves the privacy ledger's epsilon unchanged.
-  eps = {arm: _table_rows(tmp_path / f'{TABLES[3]}-smoke' / 'results.md')[arm][6]
+  eps = {arm: _table_rows(tmp_path / f'{TABLES[3]}-smoke' / 'results.md')[arm][7]
          for arm in ('last_iterate', 'train_on_ema')}
   assert eps['last_iterate'] == eps['train_on_ema']
   # A second invocation finds every arm complete and only rebuilds the tables.
@@ -172,3 +176,154 @@ def test_every_table_reproduces_at_smoke_scale(tmp_path):
   assert again.returncode == 0 and again.stdout.count('complete, skipped') == sum(
       len(_table_rows(tmp_path / f'{t}-smoke' / 'results.md')) for t in TABLES)
   assert not runtime.orphaned_worker_pids()   # Every arm's process stopped its worker.
+
+
+def _finished_run(cli_flags, runs_dir, arm_file, name, extra=(), scale='smoke'):
+  """A finished run of `arm_file` in RUNS_DIR/NAME, without training: the config.json
+  run_experiment.py writes for that command line (its own flag parsing, the library's
+  RunDirectory) and summary.json, which marks a run finished."""
+  from tff_dp.training import run_dir as run_dir_lib  # pylint: disable=g-import-not-at-top
+  flags = cli_flags.flags.FLAGS
+  flags.unparse_flags()
+  argv = ['prog', f'--flagfile={arm_file}']
+  if scale == 'smoke':
+    argv.append(f'--flagfile={os.path.join(os.path.dirname(arm_file), "smoke.flags")}')
+  flags(argv + [f'--root_output_dir={runs_dir}', f'--experiment_name={name}'] + list(extra))
+  cfg = cli_flags._config()  # pylint: disable=protected-access
+  run = run_dir_lib.RunDirectory(str(runs_dir), name, resume=False)
+  run.create()
+  run.write_config(dict(dataclasses.asdict(cfg), delta_used=cfg.delta, population_size=40,
+                        task=flags.task))
+  run.write_json('summary.json', {'rounds_completed': cfg.total_rounds})
+  flags.unparse_flags()
+  return run.path
+
+
+def _planned(stdout):
+  """{'TABLE/RUN_DIR_NAME': its run_experiment.py command} for each arm a dry run would run."""
+  out = {}
+  for line in stdout.splitlines():
+    m = re.match(r'\[([^]]+)\] (\S+): (.*run_experiment\.py.*)$', line)
+    if m:
+      out[f'{m.group(1)}/{m.group(2)}'] = m.group(3).split()
+  return out
+
+
+@pytest.mark.parametrize('scale', ['smoke', 'full'])
+def test_extra_flags_runs_are_new_runs_beside_the_finished_ones(tmp_path, cli_flags, scale):
+  """After a seed-0 run of every arm, --extra_flags=--seed=1 runs every arm again in new
+  directories (not 'complete, skipped'); --seed=2 in yet others; a finished --seed=1 run is
+  then reused. Every arm's own finished run is recognised as matching its flag files."""
+  runs = {p: tmp_path / f'{p.split(os.sep)[-2]}-{scale}' / 'runs' for p in ARMS}
+  arm_of = {p: os.path.basename(p)[:-len('.flags')] for p in ARMS}
+  for arm_file in ARMS:
+    _finished_run(cli_flags, runs[arm_file], arm_file, arm_of[arm_file], scale=scale)
+  base = ['--table=all', f'--scale={scale}', '--dry_run', f'--root_output_dir={tmp_path}',
+          f'--data_dir={tmp_path}']
+  # The seed-0 runs match their flag files (config.json as run_experiment.py writes it).
+  again = _reproduce(base)
+  assert again.returncode == 0, again.stderr
+  assert again.stdout.count('complete, skipped') == len(ARMS) and not _planned(again.stdout)
+
+  seed1 = _reproduce(base + ['--extra_flags=--seed=1'])
+  assert seed1.returncode == 0, seed1.stderr
+  assert 'complete, skipped' not in seed1.stdout
+  planned = _planned(seed1.stdout)
+  assert len(planned) == len(ARMS)
+  name_of = {}
+  for arm_file in ARMS:
+    [cmd] = [c for c in planned.values() if f'--flagfile={arm_file}' in c]
+    name = cmd[cmd.index(f'--root_output_dir={runs[arm_file]}') + 1][len('--experiment_name='):]
+    assert name.startswith(arm_of[arm_file] + '+') and 'seed=1' in name          # Readable,
+    assert re.fullmatch(r'[A-Za-z0-9._=+-]+', name)                             # safe.
+    assert cmd[-1] == '--seed=1' and '--resume' not in cmd
+    name_of[arm_file] = name
+  for arm_file in ARMS:   # A dry run creates nothing.
+    assert sorted(os.listdir(runs[arm_file])) == sorted(
+        arm_of[p] for p in ARMS if runs[p] == runs[arm_file])
+
+  seed2 = _planned(_reproduce(base + ['--extra_flags=--seed=2']).stdout)
+  both = _planned(_reproduce(base + ['--extra_flags=--seed=1,--total_rounds=3']).stdout)
+  names = [set(planned), set(seed2), set(both)]
+  assert all(len(n) == len(ARMS) for n in names)
+  assert not (names[0] & names[1]) and not (names[0] & names[2]) and not (names[1] & names[2])
+
+  # A finished --seed=1 run in its directory is reused by the same command.
+  for arm_file in ARMS:
+    _finished_run(cli_flags, runs[arm_file], arm_file, name_of[arm_file], extra=['--seed=1'],
+                  scale=scale)
+  reused = _reproduce(base + ['--extra_flags=--seed=1'])
+  assert reused.returncode == 0 and not _planned(reused.stdout), reused.stderr
+  assert reused.stdout.count('complete, skipped') == len(ARMS)
+
+
+def test_a_run_made_with_other_settings_is_not_reused(tmp_path, cli_flags):
+  """A finished (or interrupted) arm whose config.json disagrees with the flags the arm would
+  run with now is refused with one error line and exit 2, before any arm of any table runs."""
+  table = 'li2022_adadps_stackoverflow_tag'
+  runs = tmp_path / f'{table}-smoke' / 'runs'
+  arm_file = os.path.join(EXPERIMENTS, table, 'dp_fedavg.flags')
+  run = _finished_run(cli_flags, runs, arm_file, 'dp_fedavg', extra=['--total_rounds=5'])
+  smoke_rounds = [l for l in open(os.path.join(EXPERIMENTS, table, 'smoke.flags'))
+                  if l.startswith('--total_rounds=')][-1].strip()
+  assert smoke_rounds != '--total_rounds=5'
+  # --table=all: the other tables come first alphabetically and nothing of theirs starts.
+  out = _reproduce(['--table=all', '--scale=smoke', '--dry_run', f'--root_output_dir={tmp_path}'])
+  assert out.returncode == 2 and not _planned(out.stdout), out.stdout
+  [line] = out.stderr.strip().splitlines()[-1:]
+  assert line.startswith('error: ') and out.stderr.count('error:') == 1
+  assert smoke_rounds in line and '(the run has 5)' in line and run in line
+  # Without --dry_run: nothing runs and no table is written.
+  out = _reproduce(['--table=' + table, '--arms=dp_fedavg', '--scale=smoke',
+                    f'--root_output_dir={tmp_path}'])
+  assert out.returncode == 2 and 'finished run' in out.stderr, out.stdout + out.stderr
+  assert sorted(os.listdir(tmp_path)) == [f'{table}-smoke']
+  assert sorted(os.listdir(tmp_path / f'{table}-smoke')) == ['runs']
+  # An interrupted run is not resumed under other settings either.
+  os.remove(os.path.join(run, 'summary.json'))
+  out = _reproduce(['--table=' + table, '--arms=dp_fedavg', '--scale=smoke', '--dry_run',
+                    f'--root_output_dir={tmp_path}'])
+  assert out.returncode == 2 and 'interrupted run' in out.stderr and not _planned(out.stdout)
+  # --extra_flags that reproduce.py sets itself, or that are not flags: refused up front.
+  for extra, message in [('--experiment_name=x', 'set by reproduce.py'),
+                         ('--resume', 'set by reproduce.py'),
+                         ('--paper_results=accuracy=1,epsilon=2', 'is not a flag')]:
+    bad = _reproduce(['--table=' + table, '--scale=smoke', '--dry_run',
+                      f'--root_output_dir={tmp_path / "other"}', f'--extra_flags={extra}'])
+    assert bad.returncode == 2 and message in bad.stderr and not _planned(bad.stdout), extra
+
+
+@pytest.mark.slow
+def test_a_second_seed_runs_and_is_tabulated_beside_the_first(tmp_path):
+  """The README's recipe for more seeds, for real on the smallest arm: the seed-0 run, then
+  --extra_flags=--seed=1 trains a second run and the table shows both and their mean ± sd."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  table, arm = 'andrew2021_emnist', 'fixed_clip1.0'
+  args = [f'--table={table}', f'--arms={arm}', '--scale=smoke', f'--root_output_dir={tmp_path}']
+  first = _reproduce(args)
+  assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+  second = _reproduce(args + ['--extra_flags=--seed=1'])
+  assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+  assert 'complete, skipped' not in second.stdout
+  runs = tmp_path / f'{table}-smoke' / 'runs'
+  [seed1_dir] = [d for d in os.listdir(runs) if d != arm]
+  seeds = {d: json.loads((runs / d / 'config.json').read_text())['seed'] for d in (arm, seed1_dir)}
+  assert seeds == {arm: 0, seed1_dir: 1}
+  final_acc = {d: [float(m['eval_accuracy']) for m in metrics_rows(runs / d)
+                   if m.get('eval_accuracy')][-1] for d in seeds}
+  text = (tmp_path / f'{table}-smoke' / 'results.md').read_text()
+  rows = _table_rows(tmp_path / f'{table}-smoke' / 'results.md')
+  assert sorted(rows) == sorted(seeds)
+  for d, seed in seeds.items():
+    assert rows[d][2] == str(seed) and float(rows[d][9]) == pytest.approx(final_acc[d], rel=1e-3)
+  [mean_row] = [l for l in text.splitlines() if l.startswith('| mean ± sd (2 runs)')]
+  cells = [c.strip() for c in mean_row.strip().strip('|').split('|')]
+  assert cells[2] == '0, 1'
+  mean, sd = (float(x) for x in cells[9].split(' ± '))
+  values = list(final_acc.values())
+  assert mean == pytest.approx(np.mean(values), rel=1e-3, abs=1e-6)
+  assert sd == pytest.approx(np.std(values, ddof=1), rel=1e-3, abs=1e-6)
+  # Same command again: both runs are finished and reused; the table keeps both seeds.
+  third = _reproduce(args + ['--extra_flags=--seed=1'], timeout=300)
+  assert third.returncode == 0 and third.stdout.count('complete, skipped') == 1
+  assert sorted(_table_rows(tmp_path / f'{table}-smoke' / 'results.md')) == sorted(seeds)

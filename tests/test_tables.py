@@ -1,15 +1,18 @@
 """tff_dp.tables: run directories -> Markdown beside the paper's numbers, plots, CLI errors."""
 
 import csv
+import dataclasses
 import json
 import os
 
 import dp_accounting
+import numpy as np
 import pytest
 
 from tff_dp import ledger as ledger_lib
 from tff_dp import tables
 from tff_dp.tables import __main__ as tables_cli
+from tff_dp.tables import plots
 
 _Q, _Z, _ROUNDS = 0.01, 1.2, 50
 
@@ -80,15 +83,17 @@ def test_build_tables_markdown_and_plots(tmp_path):
   lines = [l for l in text.splitlines() if l.startswith('| `')]
   assert len(lines) == 3
   cells = [c.strip() for c in lines[0].strip('|').split('|')]
-  # run, arm, clients(pop), rounds, paper rounds, delta, eps, paper eps, acc, paper acc, ema, paper ema
-  assert cells[:6] == ['`a`', 'z=1.2', '10 (1000)', '50', '–', '1e-05']
-  assert float(cells[6]) == pytest.approx(_rdp_epsilon(50, 1e-5), rel=1e-3)
-  assert cells[8:] == ['0.5', '0.2', '0.55', '0.25']
+  # run, arm, seed, clients(pop), rounds, paper rounds, delta, eps, paper eps, acc, paper acc,
+  # ema, paper ema
+  assert cells[:7] == ['`a`', 'z=1.2', '–', '10 (1000)', '50', '–', '1e-05']   # Seed: none.
+  assert float(cells[7]) == pytest.approx(_rdp_epsilon(50, 1e-5), rel=1e-3)
+  assert cells[9:] == ['0.5', '0.2', '0.55', '0.25']
   cells_b = [c.strip() for c in lines[1].strip('|').split('|')]
-  assert cells_b[3] == '30' and cells_b[10:] == ['–', '0.25']   # b has no EMA column.
-  assert float(cells_b[6]) == pytest.approx(_rdp_epsilon(30, 1e-5), rel=1e-3)
+  assert cells_b[4] == '30' and cells_b[11:] == ['–', '0.25']   # b has no EMA column.
+  assert float(cells_b[7]) == pytest.approx(_rdp_epsilon(30, 1e-5), rel=1e-3)
   plain = [c.strip() for c in lines[2].strip('|').split('|')]
-  assert plain[6] == '∞' and plain[1] == '–'
+  assert plain[7] == '∞' and plain[1] == '–'
+  assert 'mean ± sd' not in text                # Three different arms: nothing to average.
   assert 'Runs without a paper reference' in text
   names = sorted(os.path.basename(p) for p in out['plots'])
   assert 'shejwalkar_et_al_table_1_clip_vs_round.png' in names
@@ -109,3 +114,71 @@ def test_cli_writes_table_and_rejects_bad_input(tmp_path, capsys):
   assert tables_cli.main(['prog', '--runs', str(tmp_path / 'r1'), '--delta=2']) == 2
   assert 'delta' in capsys.readouterr().err
   assert tables_cli.main(['prog']) == 2
+
+
+def _write_library_run(root, name, *, seed, accuracies, clip=1.0, arm='fixed clip'):
+  """A finished run written by the library's own writers (RunDirectory, PrivacyLedger), with
+  the config.json run_experiment.py writes: evaluated every round, `accuracies` in order."""
+  from tff_dp.training import experiment  # pylint: disable=g-import-not-at-top
+  from tff_dp.training import run_dir as run_dir_lib  # pylint: disable=g-import-not-at-top
+  rounds = len(accuracies)
+  cfg = experiment.ExperimentConfig(
+      root_output_dir=str(root), experiment_name=name, seed=seed, total_rounds=rounds,
+      clients_per_round=10, dp='fixed', clip=clip, noise_multiplier=_Z, delta=1e-5,
+      paper_table='Seeds table', paper_arm=arm)
+  run = run_dir_lib.RunDirectory(str(root), name, resume=False)
+  run.create()
+  run.write_config(dict(dataclasses.asdict(cfg), delta_used=1e-5, population_size=1000,
+                        task='emnist'))
+  with ledger_lib.PrivacyLedger(run.file('ledger.jsonl')) as led:
+    for r, acc in enumerate(accuracies, 1):
+      led.append(ledger_lib.RoundRecord(
+          r, ledger_lib.SamplingEvent('poisson', 1000, probability=_Q),
+          (ledger_lib.GaussianSumQuery('update', clip, clip * _Z),)))
+      run.metrics.append({'round': r, 'train_loss': 1.0 / r, 'eval_accuracy': acc,
+                          'aggregator/l2_norm_clip': clip})
+  run.write_json('summary.json', {'rounds_completed': rounds})
+  return run.path
+
+
+def _md_rows(text):
+  return [[c.strip() for c in line.strip().strip('|').split('|')]
+          for line in text.splitlines() if line.startswith('| ') and not line.startswith('| run')]
+
+
+def test_seeds_of_one_arm_are_shown_each_and_summarised(tmp_path, monkeypatch):
+  """Two runs of one arm with seeds 0 and 1 (given out of order, with another arm between):
+  one row per seed, then mean ± sd over them; the other arm is not pooled with them."""
+  acc0, acc1 = [0.2, 0.4, 0.61], [0.25, 0.45, 0.58]
+  seed1 = _write_library_run(tmp_path, 'fixed+seed=1+abc', seed=1, accuracies=acc1)
+  other = _write_library_run(tmp_path, 'fixed_half', seed=2, accuracies=[0.1, 0.2, 0.3],
+                             clip=0.5, arm='fixed clip 0.5')
+  seed0 = _write_library_run(tmp_path, 'fixed', seed=0, accuracies=acc0)
+  figures, close = [], plots.plt.close
+  monkeypatch.setattr(plots.plt, 'close', figures.append)   # Keep the figures to read.
+  out = tmp_path / 'out'
+  assert tables_cli.main(['prog', '--runs', seed1, other, seed0, f'--output_dir={out}']) == 0
+  text = (out / 'results.md').read_text()
+  rows = _md_rows(text)
+  # run, arm, seed, clients (pop.), rounds, paper rounds, delta, epsilon, paper eps, acc, paper acc
+  assert [r[:3] for r in rows] == [['`fixed`', 'fixed clip', '0'],
+                                   ['`fixed+seed=1+abc`', 'fixed clip', '1'],
+                                   ['mean ± sd (2 runs)', 'fixed clip', '0, 1'],
+                                   ['`fixed_half`', 'fixed clip 0.5', '2']]
+  finals = [acc0[-1], acc1[-1]]   # Each run's last evaluation.
+  assert [float(rows[0][9]), float(rows[1][9])] == finals
+  mean, sd = (float(x) for x in rows[2][9].split(' ± '))
+  assert mean == pytest.approx(np.mean(finals), rel=1e-3)
+  assert sd == pytest.approx(np.std(finals, ddof=1), rel=1e-3)
+  eps_mean, eps_sd = (float(x) for x in rows[2][7].split(' ± '))
+  assert eps_mean == pytest.approx(_rdp_epsilon(3, 1e-5), rel=1e-3) and eps_sd == 0
+  assert rows[2][4] == '3 ± 0' and text.count('mean ± sd (') == 1
+  # Plots: one line per seed, told apart by the seed; the other arm keeps its own name.
+  legends = {}
+  for fig in figures:
+    ax = fig.axes[0]
+    legends[ax.get_title()] = sorted(t.get_text() for t in ax.get_legend().get_texts())
+    close(fig)
+  assert legends['Accuracy vs round'] == ['fixed clip (seed 0)', 'fixed clip (seed 1)',
+                                          'fixed clip 0.5']
+  assert legends['Clip norm vs round'] == legends['Accuracy vs round']

@@ -1,6 +1,8 @@
 """Paper tables from finished runs: a Markdown table beside the papers' numbers, and plots.
 
-`python -m tff_dp.tables --runs DIR [DIR ...] --output_dir OUT`; see `build_tables`.
+`python -m tff_dp.tables --runs DIR [DIR ...] --output_dir OUT`; see `build_tables`. Runs of
+one arm that differ only in their seed (config.json equal but for `seed`) are shown one row per
+seed followed by a "mean ± sd" row, and one plot line per seed.
 """
 
 import os
@@ -11,6 +13,7 @@ from tff_dp.tables import markdown
 from tff_dp.tables import plots
 from tff_dp.tables.run_results import read_run
 from tff_dp.tables.run_results import RunResult
+from tff_dp.tables.run_results import seed_group_key
 
 
 def build_tables(run_dirs: Sequence[str], output_dir: str, *, delta: Optional[float] = None,

@@ -4,6 +4,8 @@
 
 Writes OUT/results.md (ours beside the paper's numbers, grouped by the paper table each run
 names) and OUT/<table>_{accuracy_vs_round,clip_vs_round,epsilon_vs_round,accuracy_vs_epsilon}.png.
+Several seeds of one arm (runs whose config.json differs only in `seed`): one row and one plot
+line per seed, and a "mean ± sd" row under them.
 Bad input: one line on stderr, exit code 2.
 """
 

@@ -21,6 +21,24 @@ def slug(text: str) -> str:
   return re.sub(r'[^a-z0-9]+', '_', text.lower()).strip('_')[:60] or 'runs'
 
 
+def series_labels(results: Sequence[RunResult]) -> list[str]:
+  """One legend label per run, distinct where runs share an arm: the arm (or run name), plus
+  the seed when several runs of the arm differ in seed, else the run directory's name."""
+  by_label: dict[str, list[RunResult]] = {}
+  for r in results:
+    by_label.setdefault(r.label, []).append(r)
+  labels = []
+  for r in results:
+    same = by_label[r.label]
+    if len(same) == 1:
+      labels.append(r.label)
+    elif r.seed is not None and [x.seed for x in same].count(r.seed) == 1:
+      labels.append(f'{r.label} (seed {r.seed})')
+    else:
+      labels.append(f'{r.label} ({r.name})')
+  return labels
+
+
 def _clip_columns(r: RunResult) -> list[str]:
   return sorted(k for k in r.curve if metrics_file.is_clip_column(k))
 
@@ -29,6 +47,7 @@ def write_plots(results: Sequence[RunResult], out_dir: str, prefix: str) -> list
   """Writes PREFIX_{accuracy_vs_round,clip_vs_round,epsilon_vs_round,accuracy_vs_epsilon}.png."""
   os.makedirs(out_dir, exist_ok=True)
   written = []
+  labels = series_labels(results)
 
   def save(fig, ax, name, title):
     ax.set_title(title, fontsize='medium')
@@ -41,19 +60,19 @@ def write_plots(results: Sequence[RunResult], out_dir: str, prefix: str) -> list
     written.append(path)
 
   fig, ax = plt.subplots(figsize=(6.5, 4))
-  for r in results:
+  for r, label in zip(results, labels):
     for col, suffix, style in _VARIANTS:
       if col in r.curve:
-        ax.plot(*zip(*r.curve[col]), style, marker='.', label=r.label + suffix)
+        ax.plot(*zip(*r.curve[col]), style, marker='.', label=label + suffix)
   ax.set(xlabel='round', ylabel='eval accuracy')
   save(fig, ax, 'accuracy_vs_round', 'Accuracy vs round')
 
   fig, ax = plt.subplots(figsize=(6.5, 4))
   log_scale = True
-  for r in results:
+  for r, label in zip(results, labels):
     cols = _clip_columns(r)
     if len(cols) == 1:
-      ax.plot(*zip(*r.curve[cols[0]]), label=r.label)
+      ax.plot(*zip(*r.curve[cols[0]]), label=label)
     elif cols:  # Per-layer / joint: one line per group would swamp the plot; show the range.
       by_round = {}
       for c in cols:
@@ -61,7 +80,7 @@ def write_plots(results: Sequence[RunResult], out_dir: str, prefix: str) -> list
           by_round.setdefault(rnd, []).append(v)
       rounds = sorted(by_round)
       line, = ax.plot(rounds, [sum(by_round[x]) / len(by_round[x]) for x in rounds],
-                      label=f'{r.label} (mean of {len(cols)})')
+                      label=f'{label} (mean of {len(cols)})')
       ax.fill_between(rounds, [min(by_round[x]) for x in rounds],
                       [max(by_round[x]) for x in rounds], alpha=0.2, color=line.get_color())
     log_scale &= all(v > 0 for c in cols for _, v in r.curve[c])
@@ -71,19 +90,19 @@ def write_plots(results: Sequence[RunResult], out_dir: str, prefix: str) -> list
   save(fig, ax, 'clip_vs_round', 'Clip norm vs round')
 
   fig, ax = plt.subplots(figsize=(6.5, 4))
-  for r in results:
+  for r, label in zip(results, labels):
     if r.epsilon_curve:
-      ax.plot(*zip(*r.epsilon_curve), label=f'{r.label} (delta={r.delta:.0e})')
+      ax.plot(*zip(*r.epsilon_curve), label=f'{label} (delta={r.delta:.0e})')
   ax.set(xlabel='round', ylabel='epsilon')
   save(fig, ax, 'epsilon_vs_round', 'Epsilon vs round (replayed from each ledger)')
 
   fig, ax = plt.subplots(figsize=(6.5, 4))
-  for r in results:
+  for r, label in zip(results, labels):
     eps_at = dict(r.epsilon_curve)
     for col, suffix, style in _VARIANTS:
       pts = [(eps_at[rnd], v) for rnd, v in r.curve.get(col, []) if rnd in eps_at]
       if pts:
-        ax.plot(*zip(*pts), style, marker='.', label=r.label + suffix)
+        ax.plot(*zip(*pts), style, marker='.', label=label + suffix)
   ax.set(xlabel='epsilon', ylabel='eval accuracy')
   save(fig, ax, 'accuracy_vs_epsilon', 'Accuracy vs epsilon across runs')
   return written

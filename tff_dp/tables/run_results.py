@@ -19,6 +19,27 @@ from tff_dp.training import metrics_file
 # Paper result keys that are not evaluation metrics of the model.
 PRIVACY_AND_SCHEDULE_KEYS = ('epsilon', 'delta', 'rounds')
 
+# config.json keys that name or place a run rather than set it up: two runs differing only in
+# these (and in seeds) are repeats of one arm.
+_IDENTITY_KEYS = ('experiment_name', 'root_output_dir', 'resume')
+
+
+def is_seed_key(key: str) -> bool:
+  """`seed`, or any `*_seed` a run records (a seed chosen apart from the main one)."""
+  return key == 'seed' or key.endswith('_seed')
+
+
+def seed_group_key(config: dict) -> str:
+  """What identifies an arm across seeds: config.json without its seeds, run name and place.
+
+  Runs with equal keys are the same arm run with (possibly) different seeds, so a table can
+  show them side by side and summarise them. Keys starting with '_' (e.g. `_written_at`) are
+  bookkeeping, not settings.
+  """
+  settings = {k: v for k, v in config.items()
+              if not (is_seed_key(k) or k in _IDENTITY_KEYS or k.startswith('_'))}
+  return json.dumps(settings, sort_keys=True, default=str)
+
 
 @dataclasses.dataclass
 class RunResult:
@@ -40,6 +61,16 @@ class RunResult:
   @property
   def label(self) -> str:
     return self.paper_arm or self.name
+
+  @property
+  def seed(self) -> Optional[int]:
+    """The run's --seed as config.json records it (None for a config without one)."""
+    seed = self.config.get('seed')
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+
+  @property
+  def seed_group(self) -> str:
+    return seed_group_key(self.config)
 
 
 def _epsilon_curve(ledger_path: str, delta: float, method: str) -> list[tuple[int, float]]:
