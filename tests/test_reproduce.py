@@ -327,3 +327,33 @@ def test_a_second_seed_runs_and_is_tabulated_beside_the_first(tmp_path):
   third = _reproduce(args + ['--extra_flags=--seed=1'], timeout=300)
   assert third.returncode == 0 and third.stdout.count('complete, skipped') == 1
   assert sorted(_table_rows(tmp_path / f'{table}-smoke' / 'results.md')) == sorted(seeds)
+
+
+@pytest.mark.slow
+def test_an_arm_killed_like_the_oom_killer_does_not_hang_reproduce(tmp_path):
+  """SIGKILL an arm's run_experiment.py mid-run: its TFF worker dies with it, so reproduce.py
+  goes on, reports the arm's exit, and whoever reads reproduce.py's output sees EOF."""
+  import threading  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  proc = subprocess.Popen(
+      script('reproduce.py') + ['--table=andrew2021_emnist', '--arms=fixed_clip1.0',
+                                '--scale=smoke', f'--root_output_dir={tmp_path}'],
+      env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  deadline = time.monotonic() + 600
+  arm = worker = None
+  while time.monotonic() < deadline and worker is None:
+    arm = next((p for p in runtime._children_of(proc.pid)
+                if 'run_experiment.py' in runtime._cmdline(p)), None)
+    workers = runtime.worker_pids(arm) if arm else []
+    worker = workers[0] if workers else None
+    time.sleep(0.2)
+  assert worker is not None, 'the arm never started its TFF worker'
+  os.kill(arm, 9)
+  output = []
+  done = threading.Event()
+  threading.Thread(target=lambda: (output.append(proc.stdout.read()), done.set()),
+                   daemon=True).start()
+  assert done.wait(timeout=300), 'reproduce.py output never reached EOF'
+  proc.wait(timeout=60)
+  assert 'fixed_clip1.0: exit -9' in output[0], output[0][-2000:]
+  assert not runtime._alive(worker)
