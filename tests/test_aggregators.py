@@ -11,6 +11,7 @@ import tensorflow_privacy as tfp
 
 from tff_dp import aggregators
 from tff_dp.aggregators import budget
+from tff_dp.aggregators import estimate_floor
 from tff_dp.aggregators import privacy_queries
 from tff_dp.errors import UserInputError
 
@@ -233,10 +234,10 @@ def test_joint_adaptive_scales_track_per_vector_quantiles():
   assert q['clipped_count/group_0/tensor_1'] == pytest.approx((0.5, 0.0))
 
 
-def _joint_scale_reference(norms, alpha, gamma, eta, geometric, floor):
-  """numpy: the next scales from this round's per-client norms [m, k] (no noise): b_j is the
-  fraction of ||v_j|| <= alpha_j, then tfp's linear or geometric step, then the floor; in
-  float32 like TF, so the linear steps round alike."""
+def _floored_estimate_reference(norms, alpha, gamma, eta, geometric, floor):
+  """numpy: the next clips or scales from this round's per-client norms [m, k] (no noise): b_j
+  is the fraction of ||v_j|| <= alpha_j, then tfp's linear or geometric step, then the floor;
+  in float32 like TF, so the linear steps round alike."""
   alpha, eta, gamma = np.float32(alpha), np.float32(eta), np.float32(gamma)
   b = np.mean(norms <= alpha, axis=0).astype(np.float32)
   update = eta * (b - gamma)
@@ -285,11 +286,83 @@ def test_joint_adaptive_scales_stay_positive(rule, eta, rounds):
     for got, want in zip(out.result, _joint_sum_reference(values, alpha, math.sqrt(2), m)):
       assert np.all(np.isfinite(got)), (r, used)
       np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-12)
-    alpha = _joint_scale_reference(norms, alpha, gamma, eta, rule == 'geometric',
-                                   aggregators.joint.MIN_SCALE)
+    alpha = _floored_estimate_reference(norms, alpha, gamma, eta, rule == 'geometric',
+                                        estimate_floor.MIN_ESTIMATE)
     np.testing.assert_allclose(new, alpha, rtol=1e-4, err_msg=f'round {r}')
     lowest = min(lowest, float(np.min(alpha)))
-  assert lowest == np.float32(aggregators.joint.MIN_SCALE)   # The floor was reached.
+  assert lowest == np.float32(estimate_floor.MIN_ESTIMATE)   # The floor was reached.
+
+
+def _group_clipped_mean_reference(values, groups, clips, m):
+  """numpy: sum over clients of each group of tensors clipped (jointly) to its clip, over m."""
+  out = [np.zeros_like(t, np.float64) for t in values[0]]
+  for value in values:
+    for g, clip in zip(groups, clips):
+      norm = np.sqrt(sum(np.sum(np.float64(value[i])**2) for i in g))
+      factor = np.float64(clip) / max(norm, np.float64(clip))
+      for i in g:
+        out[i] += np.float64(value[i]) * factor / m
+  return out
+
+
+@pytest.mark.parametrize('kind', ['adaptive', 'per_layer_adaptive'])
+def test_adaptive_clips_stay_positive_under_linear_rule(kind):
+  """tfp steps the linear-rule clip 1 -> .75 -> .5 -> .25 -> 0 for tiny updates (and group 1 of
+  per_layer_adaptive, from .6, to -.15, i.e. clip 0); clipping the zero client to 0 is 0/0, so
+  unfloored every round from then on is NaN. Floored: finite, and the clips follow numpy."""
+  m, shapes, gamma, eta = 2, [(3,), (2,)], 0.5, 0.5
+  if kind == 'adaptive':
+    groups, clip = [[0, 1]], np.array([1.0], np.float32)
+    factory = aggregators.AdaptiveClipGaussianFactory(
+        noise_multiplier=0.0, clients_per_round=float(m), initial_clip=1.0,
+        target_unclipped_quantile=gamma, clip_learning_rate=eta, update_rule='linear',
+        clipped_count_stddev=0.0)
+  else:
+    groups, clip = [[0], [1]], np.array([1.0, 0.6], np.float32)
+    factory = aggregators.PerLayerAdaptiveClipFactory(
+        noise_multiplier=0.0, clients_per_round=float(m), initial_clip=[1.0, 0.6],
+        target_unclipped_quantile=gamma, clip_learning_rate=eta, update_rule='linear',
+        clipped_count_stddev=0.0)
+  process = _process(factory, shapes)
+  # One client sends 1e-3-sized updates, the other all zeros (as TFF sends for a client whose
+  # update it zeroed for being non-finite).
+  values = _clients(np.random.default_rng(10), shapes, m, [[1e-3, 2e-3], [0.0, 0.0]])
+  norms = np.array([[np.sqrt(sum(np.sum(np.float64(v[i])**2) for i in g)) for g in groups]
+                    for v in values])
+
+  def per_group(measurement):
+    if kind == 'adaptive':
+      return np.array([float(measurement)])
+    return np.array([float(measurement[f'group_{g}']) for g in range(len(groups))])
+
+  floor = np.float32(estimate_floor.MIN_ESTIMATE)
+  state = process.initialize()
+  for r in range(10):
+    out = process.next(state, values)
+    state = out.state
+    used = per_group(out.measurements['clip'])
+    np.testing.assert_allclose(used, clip, rtol=1e-6, err_msg=f'round {r}')
+    assert np.all(used >= floor), (r, used)
+    # The ledger's tuple is the clip this round used.
+    q = _queries(out.measurements)
+    reported = ([q['update'][0]] if kind == 'adaptive' else
+                [q[f'update/group_{g}'][0] for g in range(len(groups))])
+    np.testing.assert_allclose(reported, used, rtol=1e-6)
+    for got, want in zip(out.result, _group_clipped_mean_reference(values, groups, clip, m)):
+      assert np.all(np.isfinite(got)), (r, used)
+      np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-12)
+    b = np.mean(norms <= clip, axis=0)
+    next_clip = _floored_estimate_reference(norms, clip, gamma, eta, False, floor)
+    np.testing.assert_allclose(per_group(out.measurements['next_clip']), next_clip, rtol=1e-6,
+                               err_msg=f'round {r}')
+    # The reported b inverts the step: exact, except where the floor bound (understated).
+    binds = clip - eta * (b - gamma) < floor
+    fraction = np.where(binds, gamma + (clip - next_clip) / eta, b)
+    assert np.all(fraction <= b + 1e-6)
+    np.testing.assert_allclose(per_group(out.measurements['unclipped_fraction_estimate']),
+                               fraction, atol=1e-5)
+    clip = next_clip
+  np.testing.assert_array_equal(clip, floor)   # Every clip reached the floor and stayed.
 
 
 # ---------------------------------------------------------------- sensitivity and noise

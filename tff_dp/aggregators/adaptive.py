@@ -3,8 +3,10 @@
 Built on tensorflow_privacy's `QuantileAdaptiveClipSumQuery` (clip, sum, noise and quantile
 update in one query), which supports both the geometric and the linear update rule, inside
 TFF's `DifferentiallyPrivateFactory`. Unlike TFF's `gaussian_adaptive` we expose the update
-rule, validate the budget split with an actionable message, and report the executed privacy
-tuples and the estimated unclipped fraction.
+rule, validate the budget split with an actionable message, report the executed privacy
+tuples and the estimated unclipped fraction, and keep the clip >= `estimate_floor.MIN_ESTIMATE`
+(tfp clamps it at 0, where clipping a zero update is NaN; above the floor we equal
+`gaussian_adaptive` bit for bit).
 """
 
 import collections
@@ -12,6 +14,7 @@ import collections
 import tensorflow_privacy as tfp
 
 from tff_dp.aggregators import budget
+from tff_dp.aggregators import estimate_floor
 from tff_dp.aggregators import per_layer
 from tff_dp.aggregators import privacy_queries
 from tff_dp.aggregators.fixed import ReportingDPFactory
@@ -31,7 +34,8 @@ class AdaptiveClipGaussianFactory(ReportingDPFactory):
   `noise_multiplier` is the effective z of the whole round; the update query gets
   z_v = (z^-2 - (2 sigma_b)^-2)^-1/2 and the clipped-count query stddev sigma_b.
   Measurements: privacy_queries {update, clipped_count}, clip (used this round), next_clip,
-  unclipped_fraction_estimate (the noised b of this round), plus TFF's dp_query_metrics / dp.
+  unclipped_fraction_estimate (the noised b of this round; it understates b in a round where
+  the MIN_ESTIMATE floor binds), plus TFF's dp_query_metrics / dp.
   """
 
   def __init__(self, *, noise_multiplier: float, clients_per_round: float,
@@ -49,7 +53,7 @@ class AdaptiveClipGaussianFactory(ReportingDPFactory):
         self.noise_multiplier, self.clipped_count_stddev)
     self.update_rule = update_rule
     query = tfp.NormalizedQuery(
-        tfp.QuantileAdaptiveClipSumQuery(
+        estimate_floor.FlooredQuantileAdaptiveClipSumQuery(
             initial_l2_norm_clip=float(initial_clip),
             noise_multiplier=self.update_noise_multiplier,
             target_unclipped_quantile=float(target_unclipped_quantile),

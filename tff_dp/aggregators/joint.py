@@ -4,7 +4,8 @@ Per group g of vectors (tensors) v_1..v_k: scale v_j / alpha_j, clip the concate
 to S_g, sum, add N(0, sigma_g^2), and multiply part j back by alpha_j (post-processing). The
 privacy tuple is (S_g, sigma_g). alpha_j is fixed or follows a DP estimate of the
 `target_unclipped_quantile` of ||v_j|| (one tfp `QuantileEstimatorQuery` per vector, each a
-`clipped_count/<group>/<j>` query), kept >= MIN_SCALE. tfp has no scaled joint-clip query,
+`clipped_count/<group>/<j>` query), kept >= estimate_floor.MIN_ESTIMATE (a scale divides
+each record: alpha_j = 0 would make the aggregate NaN). tfp has no scaled joint-clip query,
 hence `JointClipSumQuery`; it reuses tfp's GaussianSumQuery (clip + noise) and
 QuantileEstimatorQuery.
 """
@@ -20,21 +21,11 @@ from tensorflow_privacy.privacy.dp_query import nested_query
 import dp_accounting
 
 from tff_dp.aggregators import budget
+from tff_dp.aggregators import estimate_floor
 from tff_dp.aggregators import per_layer
 from tff_dp.aggregators import privacy_queries
 from tff_dp.aggregators.fixed import ReportingDPFactory
 from tff_dp.errors import UserInputError
-
-# Adapted scales never fall below this. tfp's QuantileEstimatorQuery does not bound its
-# estimate: the linear rule steps it to 0 or below (tiny updates, a large learning rate), and the
-# geometric rule underflows to 0, where it stays (0 * e^x = 0), for a vector whose updates are
-# all zero. tfp's QuantileAdaptiveClipSumQuery clamps the clip it derives at 0; a scale divides
-# each record, so at alpha_j = 0 the scaled record is 0/0 or x/0 and the whole aggregate is NaN
-# (and a negative alpha is no scale at all). The estimate itself is therefore projected onto
-# [MIN_SCALE, inf) after each update (post-processing of the noised count: no privacy cost).
-# Any positive floor keeps the joint sensitivity S_g (v_j is unscaled after clipping); 1e-6 is
-# far below useful per-vector update norms, yet v_j / 1e-6 stays far from float32 overflow.
-MIN_SCALE = 1e-6
 
 JointState = collections.namedtuple('JointState', ['sum_state', 'scales', 'estimator_state'])
 JointParams = collections.namedtuple('JointParams', ['sum_params', 'scales', 'estimator_params'])
@@ -89,9 +80,7 @@ class JointClipSumQuery(tfp.SumAggregationDPQuery):
     if self._estimator is not None:
       _, new_est, est_event = self._estimator.get_noised_result(
           sample_state.estimator_state, global_state.estimator_state)
-      new_est = type(new_est)(
-          s._replace(current_estimate=tf.maximum(s.current_estimate, MIN_SCALE))
-          for s in new_est)
+      new_est = type(new_est)(estimate_floor.floored(s) for s in new_est)
       event = dp_accounting.ComposedDpEvent([event, est_event])
     new_state = JointState(new_sum_state, global_state.scales, new_est)
     return result, new_state, event
@@ -111,7 +100,7 @@ class JointClipFactory(tff.aggregators.UnweightedAggregationFactory):
   Measurements: privacy_queries {update/group_g, clipped_count/group_g/tensor_j}, scale
   {tensor_j} (pre-round alpha), next_scale {tensor_j}, unclipped_fraction_estimate {tensor_j}
   (recovered from the step alpha -> next alpha: it understates b in a round where the
-  MIN_SCALE floor binds).
+  MIN_ESTIMATE floor binds).
   """
 
   def __init__(self, *, noise_multiplier: float, clients_per_round: float,

@@ -1,10 +1,11 @@
 """Per-layer (per-group) adaptive clipping: one clip and one quantile estimate per group.
 
 Each group of tensors gets its own tensorflow_privacy `QuantileAdaptiveClipSumQuery` (clip,
-sum, noise, DP quantile update), combined with tfp's `NestedSumQuery` and run by TFF's
-`DifferentiallyPrivateFactory`. tfp's nested queries need the record to have the structure of
-the query, so `RegroupedSumQuery` (ours: neither tfp nor TFF regroups records) maps the flat
-model update into a list of groups and the noised sum back into the model structure.
+sum, noise, DP quantile update; its clip kept >= `estimate_floor.MIN_ESTIMATE`, see there),
+combined with tfp's `NestedSumQuery` and run by TFF's `DifferentiallyPrivateFactory`. tfp's
+nested queries need the record to have the structure of the query, so `RegroupedSumQuery`
+(ours: neither tfp nor TFF regroups records) maps the flat model update into a list of groups
+and the noised sum back into the model structure.
 
 Noise allocation follows the ledger paper (McMahan et al. 2018): after the adaptive budget split
 z_v = (z^-2 - G (2 sigma_b)^-2)^-1/2, group g gets multiplier z_g = z_v sqrt(G) (proportional)
@@ -22,6 +23,7 @@ from tensorflow_privacy.privacy.dp_query import nested_query
 from tensorflow_federated.python.core.impl.types import type_conversions
 
 from tff_dp.aggregators import budget
+from tff_dp.aggregators import estimate_floor
 from tff_dp.aggregators import privacy_queries
 from tff_dp.aggregators.fixed import ReportingDPFactory
 from tff_dp.errors import UserInputError
@@ -151,7 +153,9 @@ def resolve_count_stddev(noise_multiplier, clipped_count_stddev, clients_per_rou
 
 def unclipped_fraction(clip_used, next_clip, gamma, eta, geometric):
   """The noised unclipped fraction b, recovered by inverting the clip update (it is not kept in
-  tfp's state; exact since b is clamped to [0, 1] before the update)."""
+  tfp's state). Exact (b is clamped to [0, 1] before the update) unless the step was clamped:
+  in a round where the estimate_floor.MIN_ESTIMATE floor binds, next_clip is above the
+  unclamped step, so the result understates b (it can fall below 0)."""
   if geometric:
     return gamma - tf.math.log(next_clip / clip_used) / eta
   return gamma + (clip_used - next_clip) / eta
@@ -164,8 +168,9 @@ class PerLayerAdaptiveClipFactory(tff.aggregators.UnweightedAggregationFactory):
   function of the list of flat tensor shapes returning one. `noise_allocation`: proportional
   (sigma_g = z_v sqrt(G) S_g) or dimensionality (sigma_g = z_v sqrt(D/d_g) S_g).
   Measurements: privacy_queries {update/group_g, clipped_count/group_g}, clip {group_g},
-  next_clip {group_g}, unclipped_fraction_estimate {group_g}. After create(), the Python
-  attributes `groups` and `noise_multipliers` (z_g per group) describe the built process.
+  next_clip {group_g}, unclipped_fraction_estimate {group_g} (understated in a round where the
+  MIN_ESTIMATE floor binds). After create(), the Python attributes `groups` and
+  `noise_multipliers` (z_g per group) describe the built process.
   """
 
   def __init__(self, *, noise_multiplier: float, clients_per_round: float,
@@ -217,7 +222,7 @@ class PerLayerAdaptiveClipFactory(tff.aggregators.UnweightedAggregationFactory):
       clips = [clips] * len(groups)
     geometric = self.update_rule == 'geometric'
     sub_queries = [
-        tfp.QuantileAdaptiveClipSumQuery(
+        estimate_floor.FlooredQuantileAdaptiveClipSumQuery(
             initial_l2_norm_clip=c, noise_multiplier=z,
             target_unclipped_quantile=self.target_unclipped_quantile,
             learning_rate=self.clip_learning_rate,
