@@ -105,6 +105,25 @@ def test_bad_client_data_and_diverged_updates_never_reach_the_model(tmp_path):
   assert len(ledger_lib.read_ledger(str(tmp_path / 'bad' / 'ledger.jsonl'))) == 3
 
 
+def test_round_without_clients_is_recorded_without_queries(tmp_path):
+  # Poisson sampling of one expected client in eight: with seed 6 some rounds draw only
+  # clients whose data is skipped. They run no query and change nothing, and the ledger still
+  # records them (without queries), so its round numbers are contiguous as tff_dp.ledger
+  # requires.
+  cfg = experiment.ExperimentConfig(
+      root_output_dir=str(tmp_path), experiment_name='sparse', total_rounds=4,
+      clients_per_round=1, client_sampling='poisson', seed=6, dp='adaptive', clip=1.0,
+      noise_multiplier=0.5, clipped_count_stddev=1.0, client_learning_rate=0.1,
+      accounting=('rdp',), delta=1e-3)
+  experiment.run(cfg, _tiny_task(), log=lambda _: None)
+  rows = metrics_rows(tmp_path / 'sparse')
+  trained = [int(r['num_clients']) > int(r.get('clients_rejected') or 0) for r in rows]
+  assert any(trained) and not all(trained)
+  records = ledger_lib.read_ledger(str(tmp_path / 'sparse' / 'ledger.jsonl'))
+  assert [r.round_num for r in records] == [1, 2, 3, 4]
+  assert [bool(r.queries) for r in records] == trained
+
+
 def _cli(args, **kwargs):
   return subprocess.Popen(script('run_experiment.py') + args,
                           env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -165,7 +184,7 @@ def test_disk_full_mid_run_loses_nothing_and_resume_completes(tmp_path):
   # had released metrics without a checkpoint: it stays counted and is counted again.
   assert [r.round_num for r in ledger_lib.read_ledger(str(run / 'ledger.jsonl'))] == [
       1, 1, 2, 3, 4]
-  assert [r.round_num for r in ledger_lib.read_ledger(
+  assert [r.round_num for r in ledger_lib.read_moved_records(
       str(run / 'ledger.unreleased.jsonl'))] == [2]
   assert json.loads((run / 'summary.json').read_text())['rounds_completed'] == 4
 

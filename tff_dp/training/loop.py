@@ -281,6 +281,11 @@ def _run_rounds(config: LoopConfig, c: LoopComponents, client_data, progress: _P
       # Poisson sampling drew nobody (or every sampled client was skipped): no query runs.
       row['round_seconds'] = 0.0
       c.log(f'round {round_num}: no client to train; model unchanged')
+      if config.dp_enabled:   # A record without queries: the ledger numbers every round.
+        record = ledger_lib.RoundRecord(round_num, c.sampler.sampling_event(), ())
+        with _writing(f'the ledger record of round {round_num}', c.ledger.path):
+          c.ledger.append(record)
+        c.accountant.add(record)
 
     if c.accountant is not None:
       epsilons = c.accountant.epsilon()
