@@ -108,7 +108,7 @@ def test_float32_queries_are_not_dropped():
 
 def test_incremental_equals_from_scratch_with_varying_rounds():
   rng = np.random.default_rng(0)
-  acc = accountant.LedgerAccountant(DELTA, methods=('rdp',), noise_multiplier_digits=None)
+  acc = accountant.LedgerAccountant(DELTA, methods=('rdp',))
   records = []
   for t in range(1, 21):
     q = [ledger.GaussianSumQuery(f'g{i}', rng.uniform(0.1, 1), rng.uniform(0.5, 2))
@@ -122,14 +122,77 @@ def test_incremental_equals_from_scratch_with_varying_rounds():
       assert acc.epsilon()['rdp'] == pytest.approx(scratch.get_epsilon(DELTA), rel=1e-9)
 
 
-def test_rounding_of_noise_multiplier_is_conservative():
-  record = _fixed_record(1, z=1.23456789123)
-  exact = accountant.LedgerAccountant(DELTA, ('rdp',), noise_multiplier_digits=None)
-  rounded = accountant.LedgerAccountant(DELTA, ('rdp',))
-  for _ in range(50):
-    exact.add(record)
-    rounded.add(record)
-  assert exact.epsilon()['rdp'] <= rounded.epsilon()['rdp'] <= exact.epsilon()['rdp'] * 1.0001
+def test_replay_of_non_round_noise_multipliers_is_exact(tmp_path):
+  # z is used exactly as stored (no rounding to a few digits), whether constant and non-round
+  # or, as with adaptive clipping, different in its last bits every round.
+  z_fixed = 1.0999999776
+  fixed = [_fixed_record(t, z=z_fixed, clip=1.0) for t in range(1, 31)]
+  clips = np.float32(0.1) * np.exp(np.linspace(0, 1, 30)).astype(np.float32)
+  z_v, sigma_b = 1.0999999776, 2.5
+  adaptive = [_adaptive_record(t + 1, c, z_v, sigma_b) for t, c in enumerate(clips)]
+  for records in (fixed, adaptive):
+    path = str(tmp_path / f'ledger{len(records)}-{records is fixed}.jsonl')
+    _write(path, records)
+    curve = accountant.epsilon_curve(ledger.read_ledger(path), DELTA, ('rdp',))
+    # Independent: a fresh dp_accounting RdpAccountant composing each round's Gaussians,
+    # built here from the float32 values the aggregator reported.
+    direct = dp_accounting.rdp.RdpAccountant()
+    for t, clip in enumerate(clips):
+      if records is fixed:
+        gaussians = [dp_accounting.GaussianDpEvent(z_fixed)]
+      else:
+        stddev = float(np.float32(clip) * np.float32(z_v))
+        gaussians = [dp_accounting.GaussianDpEvent(stddev / float(clip)),
+                     dp_accounting.GaussianDpEvent(float(np.float32(sigma_b)) / 0.5)]
+      direct.compose(dp_accounting.PoissonSampledDpEvent(
+          0.01, dp_accounting.ComposedDpEvent(gaussians)))
+      assert curve[t]['epsilon_rdp'] == pytest.approx(direct.get_epsilon(DELTA), rel=1e-9)
+  # PLD composes a constant z exactly too (one group, composed with that z).
+  acc = accountant.LedgerAccountant(DELTA, ('pld',))
+  for record in fixed:
+    acc.add(record)
+  direct_pld = dp_accounting.pld.PLDAccountant().compose(
+      dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(z_fixed)), 30)
+  assert acc.epsilon_pld() == pytest.approx(direct_pld.get_epsilon(DELTA), rel=1e-9)
+
+
+def test_pld_groups_distinct_noise_multipliers_conservatively():
+  # Rounds whose z differ in the 7th digit are composed as one group with the smallest z:
+  # never below the exact composition, and within the float32-sized spread of it.
+  zs = 1.2345678 * (1 + 1e-7 * np.arange(6))
+  acc = accountant.LedgerAccountant(DELTA, ('pld',))
+  exact = dp_accounting.pld.PLDAccountant()
+  for t, z in enumerate(zs):
+    acc.add(_fixed_record(t + 1, z=float(z), clip=1.0))
+    exact.compose(dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(z)))
+  smallest = dp_accounting.pld.PLDAccountant().compose(
+      dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(zs[0])), 6)
+  eps = acc.epsilon_pld()
+  assert eps == pytest.approx(smallest.get_epsilon(DELTA), rel=1e-9)
+  assert exact.get_epsilon(DELTA) <= eps <= exact.get_epsilon(DELTA) * (1 + 1e-5)
+
+
+@pytest.mark.parametrize('target, delta, rounds, population, clients', [
+    (3.0, 1e-5, 1000, 1000, 10), (1.0, 1e-6, 300, 342477, 100)])
+def test_run_calibrated_to_target_epsilon_stays_within_it(target, delta, rounds, population,
+                                                          clients):
+  # A run whose noise is calibrated to `target` over `rounds` rounds reports at most `target`
+  # after the last round, and a max_epsilon=target stop (peek_epsilon) lets it run them all.
+  z = calibration.calibrate_noise_multiplier(
+      target, delta, rounds, population_size=population,
+      clients_per_round=clients).noise_multiplier
+  q = clients / population
+  sampling = ledger.SamplingEvent('poisson', population, probability=q)
+  record = ledger.RoundRecord(1, sampling, (ledger.GaussianSumQuery('update', 1.0, z),))
+  acc = accountant.LedgerAccountant(delta, ('rdp',))
+  for _ in range(rounds - 1):
+    acc.add(record)
+  assert acc.peek_epsilon(record) <= target
+  acc.add(record)
+  direct = dp_accounting.rdp.RdpAccountant().compose(
+      dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)), rounds)
+  assert acc.epsilon_rdp() == pytest.approx(direct.get_epsilon(delta), rel=1e-9)
+  assert acc.epsilon_rdp() <= target
 
 
 # Published settings. TF Privacy DP-SGD MNIST tutorial (tensorflow/privacy
@@ -241,7 +304,7 @@ def test_calibration_round_trip():
   assert result.epsilon <= 2.0 and result.epsilon == pytest.approx(2.0, abs=1e-3)
   assert result.update_noise_multiplier == pytest.approx((z**-2 - 1.0**-2)**-0.5)
   # Replaying a ledger of the calibrated adaptive mechanism gives the target.
-  acc = accountant.LedgerAccountant(DELTA, ('rdp',), noise_multiplier_digits=None)
+  acc = accountant.LedgerAccountant(DELTA, ('rdp',))
   record = ledger.RoundRecord(1, POISSON, (
       ledger.GaussianSumQuery('update', 0.3, 0.3 * result.update_noise_multiplier),
       ledger.GaussianSumQuery('clipped_count', 0.5, 0.5)))
@@ -300,3 +363,46 @@ def test_cli_bad_input(argv, capsys):
   assert cli.main(['prog'] + argv) == 2
   err = capsys.readouterr().err
   assert err.startswith('error: ') and err.count('\n') == 1
+
+
+def _cli_error(argv, capsys):
+  assert cli.main(['prog'] + argv) == 2
+  captured = capsys.readouterr()
+  assert captured.out == '' and captured.err.startswith('error: ')
+  assert captured.err.count('\n') == 1
+  return captured.err
+
+
+@pytest.mark.parametrize('mutate, bad_line', [
+    (lambda ls: ls[:2] + ls[3:], 3),                    # Round 3 deleted.
+    (lambda ls: ls[:3] + [ls[2]] + ls[3:], 4),          # Round 3 duplicated.
+    (lambda ls: [ls[0], ls[2], ls[1]] + ls[3:], 2),     # Rounds 2 and 3 swapped.
+])
+def test_cli_rejects_deleted_duplicated_or_reordered_line(tmp_path, capsys, mutate, bad_line):
+  path = str(tmp_path / 'ledger.jsonl')
+  _write(path, [_fixed_record(t) for t in range(1, 11)])
+  with open(path, 'rb') as f:
+    lines = f.read().split(b'\n')[:-1]
+  with open(path, 'wb') as f:
+    f.write(b''.join(line + b'\n' for line in mutate(lines)))
+  err = _cli_error(['--ledger', path, '--delta', '1e-5', '--method', 'rdp'], capsys)
+  assert f'ledger.jsonl line {bad_line}: seq ' in err
+
+
+def test_cli_ledger_directory_is_one_error_line(tmp_path, capsys):
+  err = _cli_error(['--ledger', str(tmp_path), '--delta', '1e-5'], capsys)
+  assert 'is a directory' in err
+
+
+def test_cli_reads_ledger_with_conservative_re_execution(tmp_path, capsys):
+  # After a crash with rounds_per_checkpoint > 1 (checkpoint of round 2, round 3 released):
+  # round 3 stays counted and its re-execution is counted again.
+  path = str(tmp_path / 'ledger.jsonl')
+  z = 1.0999999776
+  _write(path, [_fixed_record(t, z=z, clip=1.0) for t in (1, 2, 3, 3, 4)])
+  assert cli.main(['prog', '--ledger', path, '--delta', '1e-5', '--method', 'rdp']) == 0
+  rows = [line.split(',') for line in capsys.readouterr().out.strip().split('\n')[1:]]
+  assert [int(r[0]) for r in rows] == [1, 2, 3, 3, 4]
+  # Every record composed, exactly (a fresh dp_accounting RdpAccountant, 5 rounds).
+  event = dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(z))
+  assert float(rows[-1][1]) == pytest.approx(_direct(event, 5, 'rdp'), rel=1e-9)

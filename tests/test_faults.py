@@ -198,7 +198,7 @@ def test_disk_full_mid_run_loses_nothing_and_resume_completes(tmp_path):
   # had released metrics without a checkpoint: it stays counted and is counted again.
   assert [r.round_num for r in ledger_lib.read_ledger(str(run / 'ledger.jsonl'))] == [
       1, 1, 2, 3, 4]
-  assert [r.round_num for r in ledger_lib.read_ledger(
+  assert [r.round_num for r in ledger_lib.read_moved_records(
       str(run / 'ledger.unreleased.jsonl'))] == [2]
   assert json.loads((run / 'summary.json').read_text())['rounds_completed'] == 4
 

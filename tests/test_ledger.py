@@ -1,4 +1,5 @@
-"""Tests for tff_dp.ledger: round trip, float casting, validation, corruption detection, repair."""
+"""Tests for tff_dp.ledger: round trip, float casting, validation, corruption detection, repair,
+line order (deleted, duplicated, reordered lines; re-execution after a resume)."""
 
 import glob
 import json
@@ -45,7 +46,7 @@ def test_numpy_and_tf_like_values_are_stored_as_python_floats(tmp_path):
   assert query.l2_norm_clip == float(np.float32(0.1))
   event = ledger.SamplingEvent('fixed_size', np.int64(100), sample_size=np.int32(7))
   assert type(event.population_size) is int and type(event.sample_size) is int
-  record = ledger.RoundRecord(np.int64(3), event, [query])
+  record = ledger.RoundRecord(np.int64(1), event, [query])
   assert isinstance(record.queries, tuple) and type(record.round_num) is int
   path = str(tmp_path / 'ledger.jsonl')
   _write(path, [record])
@@ -124,8 +125,10 @@ def test_edited_line_detected_with_line_number(tmp_path):
     ledger.PrivacyLedger(path)  # Never appends to a corrupt ledger.
 
 
-def _line_with_valid_checksum(record_json, version=ledger.SCHEMA_VERSION):
+def _line_with_valid_checksum(record_json, version=ledger.SCHEMA_VERSION, seq=2):
   body = {'record': record_json, 'schema_version': version}
+  if version >= 2:
+    body['seq'] = seq
   digest = ledger.hashlib.sha256(ledger._canonical(body).encode()).hexdigest()
   return (ledger._canonical(dict(body, sha256=digest)) + '\n').encode()
 
@@ -177,3 +180,98 @@ def test_reopen_appends(tmp_path):
     assert led.num_records == 3
   assert len(ledger.read_ledger(path)) == 3
   assert os.path.getsize(path) > 0
+
+
+def _lines(path):
+  with open(path, 'rb') as f:
+    return f.read().split(b'\n')[:-1]
+
+
+def _rewrite(path, lines):
+  with open(path, 'wb') as f:
+    f.write(b''.join(line + b'\n' for line in lines))
+
+
+# How a ledger of rounds 1..5 is tampered with, and the first line then out of place.
+TAMPERINGS = {
+    'middle line deleted': (lambda ls: ls[:2] + ls[3:], 3),
+    'first line deleted': (lambda ls: ls[1:], 1),
+    'line duplicated': (lambda ls: ls[:3] + [ls[2]] + ls[3:], 4),
+    'lines swapped': (lambda ls: [ls[0], ls[2], ls[1]] + ls[3:], 2),
+    'last line moved first': (lambda ls: ls[-1:] + ls[:-1], 1),
+}
+
+
+@pytest.mark.parametrize('how', sorted(TAMPERINGS))
+def test_deleted_duplicated_or_reordered_line_detected(tmp_path, how):
+  path = str(tmp_path / 'ledger.jsonl')
+  _write(path, [_record(t) for t in range(1, 6)])
+  mutate, bad_line = TAMPERINGS[how]
+  _rewrite(path, mutate(_lines(path)))
+  with pytest.raises(ledger.LedgerError, match=rf'ledger.jsonl line {bad_line}: seq '):
+    ledger.read_ledger(path)
+  with pytest.raises(ledger.LedgerError, match=rf'line {bad_line}: seq '):
+    ledger.PrivacyLedger(path)  # Never appends to it either.
+
+
+def test_conservative_re_execution_after_resume_reads(tmp_path):
+  # What the training loop leaves after a crash with rounds_per_checkpoint > 1: the last
+  # checkpoint is of round 3; rounds 4 and 5 were recorded, round 4 released its metrics
+  # (it stays counted), round 5 did not (moved aside); rounds 4, 5, 6 then run again.
+  path = str(tmp_path / 'ledger.jsonl')
+  moved = str(tmp_path / 'ledger.unreleased.jsonl')
+  records = [_record(t) for t in range(1, 6)]
+  _write(path, records)
+  ledger.move_records(path, records[4:], moved)
+  with ledger.PrivacyLedger(path) as led:
+    assert led.num_records == 4
+    for t in (4, 5, 6):
+      led.append(_record(t, clip=2.0))
+  assert [r.round_num for r in ledger.read_ledger(path)] == [1, 2, 3, 4, 4, 5, 6]
+  assert [json.loads(line)['seq'] for line in _lines(path)] == list(range(1, 8))
+  assert ledger.read_moved_records(moved) == records[4:]
+  with pytest.raises(ledger.LedgerError, match=r'line 1: seq 5'):
+    ledger.read_ledger(moved)  # An audit file, not a ledger.
+  # The writer refuses a record that skips a round, as read_ledger would refuse the line.
+  with ledger.PrivacyLedger(path) as led:
+    with pytest.raises(ledger.LedgerError, match=r'line 8: round 8 after round 6'):
+      led.append(_record(8))
+    assert led.num_records == 7
+  assert len(ledger.read_ledger(path)) == 7
+
+
+@pytest.mark.parametrize('rounds, bad_line, message', [
+    ((2, 3), 1, 'round 2 after the start of the ledger'),
+    ((1, 2, 4), 3, 'round 4 after round 2'),
+])
+def test_rounds_that_skip_are_rejected(tmp_path, rounds, bad_line, message):
+  path = str(tmp_path / 'ledger.jsonl')
+  # Lines with correct seq and checksum, as a buggy writer would produce them.
+  _rewrite(path, [_line_with_valid_checksum(_record(t).to_json(), seq=i + 1)[:-1]
+                  for i, t in enumerate(rounds)])
+  with pytest.raises(ledger.LedgerError, match=rf'line {bad_line}: {message}'):
+    ledger.read_ledger(path)
+
+
+def test_version_1_lines_read_and_checked_by_round_number(tmp_path):
+  path = str(tmp_path / 'ledger.jsonl')
+  v1 = [_line_with_valid_checksum(_record(t).to_json(), version=1)[:-1] for t in (1, 2, 3)]
+  _rewrite(path, v1)
+  with ledger.PrivacyLedger(path) as led:  # An old run resumed: version-2 lines follow.
+    assert led.num_records == 3
+    led.append(_record(4))
+  assert [r.round_num for r in ledger.read_ledger(path)] == [1, 2, 3, 4]
+  assert [json.loads(line).get('seq') for line in _lines(path)] == [None, None, None, 4]
+  # Without seq, a deleted or repeated version-1 line shows in the round numbers.
+  for lines, message in [(v1[:1] + v1[2:], 'line 2: round 3 after round 1'),
+                         (v1[:2] + v1[1:], 'line 3: round 2 after round 2'),
+                         (_lines(path) + v1[2:], 'line 5: a schema_version 1 line after')]:
+    _rewrite(path, lines)
+    with pytest.raises(ledger.LedgerError, match=message):
+      ledger.read_ledger(path)
+
+
+def test_directory_as_ledger_is_a_user_error(tmp_path):
+  for call in (ledger.read_ledger, ledger.PrivacyLedger):
+    with pytest.raises(errors.UserInputError, match='is a directory'):
+      call(str(tmp_path))

@@ -1,18 +1,32 @@
 """Append-only JSONL privacy ledger (McMahan & Andrew 2018, section 5).
 
 Each round appends one line recording the sampling event and every Gaussian sum query
-(privacy tuple (S_g, sigma_g)) actually executed that round. The accountant
-(`tff_dp.accounting`) processes the ledger post hoc, so bugs in hyperparameter code cannot
-change the reported epsilon.
+(privacy tuple (S_g, sigma_g)) actually executed that round (none if no client trained). The
+accountant (`tff_dp.accounting`) processes the ledger post hoc, so bugs in hyperparameter
+code cannot change the reported epsilon.
 
-Line format (one JSON object per line, keys sorted, no spaces):
+Line format (one JSON object per line, keys sorted, no spaces), schema version 2:
 
-  {"record": {...}, "schema_version": 1, "sha256": "<hex>"}
+  {"record": {...}, "schema_version": 2, "seq": <n>, "sha256": "<hex>"}
 
-where `sha256` is the SHA-256 of the canonical JSON of `{"record": ..., "schema_version": 1}`.
+where `seq` is the 1-based number of the line in the ledger (stamped by `PrivacyLedger`, not
+part of `RoundRecord`) and `sha256` the SHA-256 of the canonical JSON of `{"record": ...,
+"schema_version": 2, "seq": n}`. Floats are written as the shortest repr that reads back as
+the same float64 (float32 values from TF are stored as their exact float64 value).
+Version-1 lines (no `seq`) are still read.
+
 Each line is written with a single `os.write` on an O_APPEND descriptor followed by `fsync`,
 so a crash can at worst leave one partial last line (no trailing newline). Readers never skip
 anything: a partial, edited or schema-invalid line raises `LedgerError` naming its line number.
+
+Order (checked by `read_ledger` and when `PrivacyLedger` opens a ledger, so every reader of a
+whole ledger goes through it): each version-2 line's `seq` equals its line number, so a
+deleted, duplicated or reordered line is an error naming the first line out of place (a
+deleted LAST line is indistinguishable from a crash before the append). Round numbers start
+at 1 and each record's round is at most the previous record's round + 1: the next round, or
+(after a resume, see tff_dp.training.loop._reconcile_ledger) a round re-executed after a
+crash, whose second record is counted again (conservative). Version-1 lines carry no `seq`,
+so their rounds must be exactly 1, 2, 3, ... and they cannot follow version-2 lines.
 """
 
 import dataclasses
@@ -26,7 +40,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from tff_dp import errors
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (1, 2)
 SAMPLING_KINDS = ('poisson', 'fixed_size')
 
 
@@ -199,37 +214,100 @@ def _canonical(obj: Any) -> str:
                     ensure_ascii=True)
 
 
-def encode_record(record: RoundRecord) -> bytes:
-  """Returns the self-validating ledger line (with trailing newline) for `record`."""
-  body = {'record': record.to_json(), 'schema_version': SCHEMA_VERSION}
+def encode_record(record: RoundRecord, seq: int) -> bytes:
+  """Returns the self-validating ledger line (with trailing newline) for `record`.
+
+  `seq` is the 1-based line number the line will have in the ledger (`PrivacyLedger.append`
+  stamps it; `read_ledger` rejects a line whose seq differs from its position).
+  """
+  seq = _as_int(seq, 'seq', 1)
+  body = {'record': record.to_json(), 'schema_version': SCHEMA_VERSION, 'seq': seq}
   digest = hashlib.sha256(_canonical(body).encode('utf-8')).hexdigest()
   return (_canonical(dict(body, sha256=digest)) + '\n').encode('utf-8')
 
 
-def decode_line(line: bytes, line_num: int, path: str = '<ledger>') -> RoundRecord:
-  """Parses and verifies one complete ledger line; raises LedgerError naming the line."""
+def decode_line(line: bytes, line_num: int,
+                path: str = '<ledger>') -> Tuple[RoundRecord, Optional[int]]:
+  """Parses and verifies one complete ledger line; raises LedgerError naming the line.
+
+  Returns (record, seq), seq None for a version-1 line. Only checksum and schema are checked
+  here; the order of lines is checked by `read_ledger`.
+  """
   where = f'{path} line {line_num}'
   try:
     obj = json.loads(line.decode('utf-8'))
   except (UnicodeDecodeError, ValueError) as e:
     raise LedgerError(f'{where}: not valid JSON ({e}); the ledger is corrupt.') from None
-  if not isinstance(obj, dict) or set(obj) != {'record', 'schema_version', 'sha256'}:
+  version = obj.get('schema_version') if isinstance(obj, dict) else None
+  if (not isinstance(version, int) or isinstance(version, bool)
+      or version not in READABLE_SCHEMA_VERSIONS):
+    if isinstance(obj, dict) and 'schema_version' in obj:
+      raise LedgerError(f'{where}: unsupported schema_version {version!r} (this version reads '
+                        f'{", ".join(map(str, READABLE_SCHEMA_VERSIONS))}).')
     raise LedgerError(f'{where}: not a ledger line (expected keys record, schema_version, '
-                      'sha256).')
-  if obj['schema_version'] != SCHEMA_VERSION:
-    raise LedgerError(f'{where}: unsupported schema_version {obj["schema_version"]!r} '
-                      f'(this version reads {SCHEMA_VERSION}).')
-  body = {'record': obj['record'], 'schema_version': obj['schema_version']}
+                      'seq, sha256).')
+  body_keys = {'record', 'schema_version'} | ({'seq'} if version >= 2 else set())
+  if set(obj) != body_keys | {'sha256'}:
+    raise LedgerError(f'{where}: not a schema_version {version} ledger line (keys '
+                      f'{sorted(obj)}, expected {sorted(body_keys | {"sha256"})}).')
+  body = {k: obj[k] for k in body_keys}
   try:
     digest = hashlib.sha256(_canonical(body).encode('utf-8')).hexdigest()
   except ValueError as e:  # NaN/Infinity literals.
     raise LedgerError(f'{where}: invalid value ({e}).') from None
   if digest != obj['sha256']:
     raise LedgerError(f'{where}: checksum mismatch; the line was edited or corrupted.')
+  seq = obj.get('seq')
+  if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool)):
+    raise LedgerError(f'{where}: seq must be a JSON integer, got {seq!r}.')
   try:
-    return RoundRecord.from_json(obj['record'])
+    return RoundRecord.from_json(obj['record']), seq
   except LedgerError as e:
     raise LedgerError(f'{where}: {e}') from None
+
+
+def _after(prev_round: int) -> str:
+  return f'round {prev_round}' if prev_round else 'the start of the ledger'
+
+
+def _check_round_order(round_num: int, prev_round: int, where: str) -> None:
+  """The rule on round numbers (module docstring): 1 <= round_num <= prev_round + 1."""
+  if not 1 <= round_num <= prev_round + 1:
+    raise LedgerError(
+        f'{where}: round {round_num} after {_after(prev_round)}; rounds must start at 1 and '
+        'go up by one (or go back to re-execute a round after a resume), never skip a round.')
+
+
+def _decode_ledger(lines: Sequence[bytes], path: str) -> List[RoundRecord]:
+  """Decodes complete ledger lines and checks their order (see the module docstring).
+
+  The one place where a whole ledger is validated: `read_ledger` and `PrivacyLedger` use it.
+  """
+  records = []
+  prev_round = 0
+  seen_seq = False
+  for line_num, line in enumerate(lines, 1):
+    record, seq = decode_line(line, line_num, path)
+    where = f'{path} line {line_num}'
+    if seq is None:  # Version 1: no seq, so the rounds themselves must be 1, 2, 3, ...
+      if seen_seq:
+        raise LedgerError(f'{where}: a schema_version 1 line after schema_version 2 lines; '
+                          'lines were moved or inserted.')
+      if record.round_num != prev_round + 1:
+        raise LedgerError(
+            f'{where}: round {record.round_num} after {_after(prev_round)} in a '
+            'schema_version 1 ledger, whose rounds must be 1, 2, 3, ...; a line was deleted, '
+            'duplicated or moved.')
+    else:
+      seen_seq = True
+      if seq != line_num:
+        raise LedgerError(
+            f'{where}: seq {seq} (the line number it was written at) differs from its line '
+            f'number {line_num}; a line was deleted, duplicated or moved.')
+      _check_round_order(record.round_num, prev_round, where)
+    records.append(record)
+    prev_round = record.round_num
+  return records
 
 
 def _split_complete_lines(data: bytes) -> Tuple[List[bytes], bytes]:
@@ -239,24 +317,49 @@ def _split_complete_lines(data: bytes) -> Tuple[List[bytes], bytes]:
   return complete.split(b'\n')[:-1], tail
 
 
+def _read_bytes(path: str) -> bytes:
+  """The content of the ledger file `path`; LedgerError if it is missing or not a file."""
+  try:
+    with open(path, 'rb') as f:
+      return f.read()
+  except FileNotFoundError:
+    raise LedgerError(f'Ledger file {path} does not exist.') from None
+  except IsADirectoryError:
+    raise LedgerError(f'Ledger path {path} is a directory, not a ledger file (a run '
+                      'directory holds it as ledger.jsonl).') from None
+  except OSError as e:
+    raise LedgerError(f'Cannot read ledger file {path}: {e.strerror or e}.') from None
+
+
 def read_ledger(path: str) -> List[RoundRecord]:
   """Reads every record of the ledger at `path`, in file order.
 
   Raises LedgerError naming the 1-based line number of the first truncated (no trailing
-  newline), edited (checksum mismatch), empty or schema-invalid line. Nothing is skipped.
+  newline), edited (checksum mismatch), empty, schema-invalid or out-of-order (deleted,
+  duplicated, moved; see the module docstring) line. Nothing is skipped.
   """
-  try:
-    with open(path, 'rb') as f:
-      data = f.read()
-  except FileNotFoundError:
-    raise LedgerError(f'Ledger file {path} does not exist.') from None
+  data = _read_bytes(path)
   lines, tail = _split_complete_lines(data)
-  records = [decode_line(line, i + 1, path) for i, line in enumerate(lines)]
+  records = _decode_ledger(lines, path)
   if tail:
     raise LedgerError(
         f'{path} line {len(lines) + 1}: truncated line ({len(tail)} bytes, no trailing '
         'newline), probably a crash mid-write; see tff_dp.ledger.repair_truncated_tail.')
   return records
+
+
+def read_moved_records(path: str) -> List[RoundRecord]:
+  """Reads the records `move_records` set aside in `path` (e.g. ledger.unreleased.jsonl).
+
+  Every line is checksum- and schema-checked, but not the order: the file collects lines
+  moved from the end of the ledger at different times, so their seq are not its line numbers.
+  This is an audit file, never a ledger to account.
+  """
+  data = _read_bytes(path)
+  lines, tail = _split_complete_lines(data)
+  if tail:
+    raise LedgerError(f'{path} line {len(lines) + 1}: truncated line ({len(tail)} bytes).')
+  return [decode_line(line, i + 1, path)[0] for i, line in enumerate(lines)]
 
 
 def repair_truncated_tail(path: str) -> Optional[str]:
@@ -308,10 +411,12 @@ def _fsync_dir(directory: str) -> None:
 class PrivacyLedger:
   """Append-only, crash-safe writer for the privacy ledger at `path`.
 
-  Opening validates every existing line (so appending never extends a corrupt ledger) and
-  refuses a ledger whose last line is partial unless `repair=True`, which
-  moves the partial line aside with `repair_truncated_tail(path)` (never silently dropped).
-  Use as a context manager or call `close()`.
+  Opening validates every existing line, including their order (so appending never extends
+  a corrupt ledger), and refuses a ledger whose last line is partial unless `repair=True`,
+  which moves the partial line aside with `repair_truncated_tail(path)` (never silently
+  dropped). `append` stamps each line with its seq (num_records + 1) and refuses a record
+  whose round number would break the order `read_ledger` checks. Use as a context manager
+  or call `close()`.
   """
 
   def __init__(self, path: str, repair: bool = False):
@@ -319,9 +424,7 @@ class PrivacyLedger:
     self.repaired_to = None  # Path of the moved partial line, if a repair happened.
     self._fd = None
     if os.path.exists(path):
-      with open(path, 'rb') as f:
-        data = f.read()
-      lines, tail = _split_complete_lines(data)
+      lines, tail = _split_complete_lines(_read_bytes(path))
       if tail:
         if not repair:
           raise LedgerError(
@@ -330,11 +433,15 @@ class PrivacyLedger:
               'Reopen with repair=True (or call '
               'tff_dp.ledger.repair_truncated_tail) to move it to '
               f'{path}.corrupt-<timestamp>.')
+      records = _decode_ledger(lines, path)
+      if tail:
         self.repaired_to = repair_truncated_tail(path)
-      self._num_records = len([decode_line(l, i + 1, path) for i, l in enumerate(lines)])
+      self._num_records = len(records)
+      self._last_round = records[-1].round_num if records else 0
       created = False
     else:
       self._num_records = 0
+      self._last_round = 0
       created = True
     self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     if created:
@@ -346,18 +453,21 @@ class PrivacyLedger:
     return self._num_records
 
   def append(self, record: RoundRecord) -> None:
-    """Durably appends one record: a single write of the whole line, then fsync."""
+    """Durably appends one record (line seq = num_records + 1): one write, then fsync."""
     if self._fd is None:
       raise LedgerError(f'Ledger {self.path} is closed.')
     if not isinstance(record, RoundRecord):
       raise LedgerError(f'append expects a RoundRecord, got {type(record).__name__}.')
-    line = encode_record(record)
+    seq = self._num_records + 1
+    _check_round_order(record.round_num, self._last_round, f'{self.path} line {seq}')
+    line = encode_record(record, seq)
     view = memoryview(line)
     while view:  # os.write on a regular file writes everything; loop for safety.
       written = os.write(self._fd, view)
       view = view[written:]
     os.fsync(self._fd)
-    self._num_records += 1
+    self._num_records = seq
+    self._last_round = record.round_num
 
   def close(self) -> None:
     if self._fd is not None:
@@ -377,14 +487,15 @@ class PrivacyLedger:
       pass
 
 
-
 def move_records(path: str, records: Sequence[RoundRecord], moved_path: str) -> None:
   """Moves `records` (which must be the ledger's last lines) from `path` to `moved_path`.
 
   Used on resume for rounds that released no output before a crash (see
-  tff_dp.training.loop._reconcile_ledger). The moved lines are appended to `moved_path`
-  (fsynced) before the ledger is rewritten through a temporary file and an atomic rename, so
-  a crash at any point loses no line. Any open PrivacyLedger on `path` must be reopened.
+  tff_dp.training.loop._reconcile_ledger). The moved lines are appended unchanged to
+  `moved_path` (fsynced; read it with `read_moved_records`) before the ledger is rewritten
+  through a temporary file and an atomic rename, so a crash at any point loses no line. The
+  ledger keeps lines 1..k with seq 1..k, so the next append (seq k + 1) continues it. Any
+  open PrivacyLedger on `path` must be reopened.
   """
   all_records = read_ledger(path)
   keep = len(all_records) - len(records)

@@ -7,7 +7,9 @@
       --population 342477 [--clipped_count_stddev 5] --delta 1e-6
       prints the effective noise multiplier z and the update-query multiplier.
 
-Bad input: one line on stderr, exit code 2.
+Bad input: one line on stderr, exit code 2. That includes a --ledger that is missing, a
+directory, or not a valid ledger (a truncated or edited line, or a deleted, duplicated or
+reordered line: tff_dp.ledger.read_ledger names the line).
 """
 
 import sys

@@ -124,9 +124,9 @@ def calibrate_noise_multiplier(
 
   def make_event(z: float) -> dp_accounting.DpEvent:
     # One round with a single query of clip 1 and stddev z, mapped exactly as the ledger
-    # accountant maps real rounds (no rounding of z here).
+    # accountant maps real rounds.
     record = ledger.RoundRecord(0, event, (ledger.GaussianSumQuery('z', 1.0, float(z)),))
-    per_round = accountant.collapsed_dp_event(record, neighboring_relation, None)
+    per_round = accountant.collapsed_dp_event(record, neighboring_relation)
     return dp_accounting.SelfComposedDpEvent(per_round, rounds)
 
   def make_accountant():
