@@ -3,7 +3,7 @@
 Runs `run_experiment.py` as a subprocess, exactly as a user does: EMNIST on the embedded data,
 10 clients per round (Poisson, the default), adaptive DP, EMA and past-k aggregates
 (--ema_beta=0.9 --past_k=3), evaluation every round and a checkpoint every 10 rounds, with
-z=1 (at a small z such as 0.3 epsilon passes 100 and the PLD accountant's composed loss
+z=0.7 (at a small z such as 0.3 epsilon passes 100 and the PLD accountant's composed loss
 distribution, legitimately, gains ~0.2 MB per round: accounting state, not a leak). This
 script reads the console line each round prints after its last output (metrics, TensorBoard,
 checkpoint) and, at that moment, the VmRSS of the run_experiment.py process (the coordinator)
@@ -72,7 +72,7 @@ def main():
   out_dir = tempfile.mkdtemp(prefix='bench_soak-')
   cmd = [sys.executable, os.path.join(ROOT, 'run_experiment.py'), '--task=emnist',
          f'--embedded_data_dir={os.path.join(ROOT, "data_cache", "embedded")}',
-         '--dp=adaptive', '--clip=0.1', '--noise_multiplier=1.0', '--clients_per_round=10',
+         '--dp=adaptive', '--clip=0.1', '--noise_multiplier=0.7', '--clients_per_round=10',
          f'--total_rounds={args.rounds}', '--ema_beta=0.9', '--past_k=3',
          '--rounds_per_eval=1', '--rounds_per_checkpoint=10', f'--root_output_dir={out_dir}',
          '--experiment_name=soak'] + args.extra_flags.split()

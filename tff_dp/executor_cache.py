@@ -13,8 +13,12 @@ GB at round 56; the same plain TFF FedAvg with 5..16 clients cycling grows alike
 `DisposeExecutor` to the worker) every executor beyond the `max_executors` most recently used,
 so the worker holds a bounded number of executor stacks whatever the sampling does. Results of
 TFF calls are materialized Python values, so no value outlives the call that made it and
-closing an executor between calls loses nothing; a new cardinality costs one executor set-up
-on the worker (measured ~0.3 s on EMNIST, see benchmarks/bench_soak.py).
+closing an executor between calls loses nothing. A new cardinality costs one executor set-up
+on the worker: EMNIST FedAvg alternating 9 and 10 clients took a median 1.94 s per round when
+every round built a new executor against 1.59 s when both were kept (loaded 2-core machine).
+Worker RSS of EMNIST rounds whose client count cycles through 12 values: TFF's factory 4.2 GB
+at round 60 and rising ~60 MB per round; this one (3 executors) ~0.96 GB, flat from round 30
+to 120 (plain TFF with a fixed client count: ~0.62 GB).
 """
 
 import collections

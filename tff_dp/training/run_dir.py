@@ -103,6 +103,13 @@ class _StateModule(tf.Module):
     return self._value
 
 
+def _as_variable(leaf):
+  try:
+    return tf.Variable(leaf)
+  except ValueError:
+    return leaf   # What TFF's write_saved_model does with it.
+
+
 def _leaf_layout(value) -> tuple:
   value = np.asarray(value)
   kind = 'string' if value.dtype.kind in 'SUO' else value.dtype.str
@@ -124,8 +131,8 @@ class ReusingFileProgramStateManager(tff.program.FileProgramStateManager):
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
-    self._module = None
-    self._variables: list = []
+    self._module = None      # The reused module, its variables (flat), the state's
+    self._variables = None   # containers (leaves None) and leaf layouts it was made for.
     self._template = None
     self._layout: Optional[list] = None
 
@@ -143,21 +150,24 @@ class ReusingFileProgramStateManager(tff.program.FileProgramStateManager):
   def _write(self, value, path: str) -> None:
     leaves = tff.program.structure_utils.flatten(value)
     layout = [_leaf_layout(leaf) for leaf in leaves]
-    if not self._same_layout(value, layout):
-      self._module = None   # Frees the old variables before making new ones.
-      self._variables = [tf.Variable(leaf) for leaf in leaves]
-      self._template = value
-      self._layout = layout
-      self._module = _StateModule(tff.program.structure_utils.unflatten_as(
-          value, self._variables))
-    else:
+    if self._same_layout(value, layout):
       for variable, leaf in zip(self._variables, leaves):
         variable.assign(leaf)
+      module = self._module
+    else:
+      self._module = self._variables = self._template = None   # Freed before new ones exist.
+      variables = [_as_variable(leaf) for leaf in leaves]
+      module = _StateModule(tff.program.structure_utils.unflatten_as(value, variables))
+      # A leaf TFF cannot make a variable (kept as is, traced as a constant) would be frozen in
+      # a reused module: such a state is written afresh each time, as TFF does.
+      if all(isinstance(v, tf.Variable) for v in variables):
+        self._module, self._variables, self._layout = module, variables, layout
+        self._template = tff.program.structure_utils.map_structure(lambda _: None, value)
     temp_path = f'{path}_temp{os.getpid()}'
     if tf.io.gfile.exists(temp_path):
       tf.io.gfile.rmtree(temp_path)
     tf.io.gfile.makedirs(temp_path)
-    tf.saved_model.save(self._module, temp_path, signatures={})
+    tf.saved_model.save(module, temp_path, signatures={})
     tf.io.gfile.rename(temp_path, path)
 
   def _same_layout(self, value, layout) -> bool:
