@@ -14,6 +14,7 @@ BENCHMARKS = [
     ['bench_accountant.py'],              # incremental epsilon over a 10,000-round ledger
     ['bench_adadps.py'],                  # AdaDPS vs DP-FedAvg (sparse toy + StackOverflow tag)
     ['bench_checkpoint_aggregation.py'],  # EMA / past-k costs
+    ['bench_soak.py'],                    # RSS growth over 500 CLI rounds (~45 min)
 ]
 
 

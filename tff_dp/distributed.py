@@ -32,6 +32,7 @@ import tensorflow_federated as tff
 # Not re-exported under tff.*: the argument/result transforms TFF's own native contexts use.
 from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation
 
+from tff_dp import executor_cache
 from tff_dp.errors import UserInputError
 
 # TFF's own channel options for its local worker (executor_factory.py), plus a short reconnect
@@ -152,8 +153,11 @@ def _worker_context(address: str, unavailable_timeout: float, rpc_timeout: Optio
     executor.set_cardinalities(cardinalities)
     return executor
 
+  # Bounded: TFF's factory would leave an executor per client count on the worker for good
+  # (see tff_dp.executor_cache); a worker's slice of a Poisson round varies every round.
   return tff.framework.AsyncExecutionContext(
-      executor_fn=tff.framework.ResourceManagingExecutorFactory(stack_fn),
+      executor_fn=executor_cache.BoundedExecutorFactory(
+          tff.framework.ResourceManagingExecutorFactory(stack_fn)),
       compiler_fn=tff.backends.native.desugar_and_transform_to_native,
       transform_args=tensorflow_computation.transform_args,
       transform_result=tensorflow_computation.transform_result)

@@ -234,7 +234,8 @@ def bind_workers_to_this_process() -> None:
 
 
 def configure_execution_context(*, max_concurrent_computation_calls: int = -1,
-                                default_num_clients: int = 0) -> None:
+                                default_num_clients: int = 0,
+                                max_executors: int | None = None) -> None:
   """Installs TFF's local C++ execution context with the given client concurrency.
 
   The C++ worker runs the clients of a round as concurrent calls of the client computation;
@@ -242,10 +243,26 @@ def configure_execution_context(*, max_concurrent_computation_calls: int = -1,
   so all clients of a round run in parallel on the worker's TensorFlow thread pools). A cap
   bounds peak memory with many clients per round at the cost of wall time. Any live worker
   is stopped first: the new context starts its own on the next computation.
+
+  The context is TFF's own (`set_sync_local_cpp_execution_context` builds the same one), but
+  its executor factory keeps at most `max_executors` per-cardinality executors alive on the
+  worker (default `executor_cache.DEFAULT_MAX_EXECUTORS`); TFF's would leak one per new client
+  count, which Poisson sampling draws almost every round (see `tff_dp.executor_cache`).
   """
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.environments.tensorflow_frontend import (
+      tensorflow_computation)
+  from tff_dp import executor_cache
   shutdown_workers()
   bind_workers_to_this_process()
-  tff.backends.native.set_sync_local_cpp_execution_context(
-      default_num_clients=default_num_clients,
-      max_concurrent_computation_calls=max_concurrent_computation_calls)
+  factory = executor_cache.BoundedExecutorFactory(
+      tff.framework.local_cpp_executor_factory(
+          default_num_clients=default_num_clients,
+          max_concurrent_computation_calls=max_concurrent_computation_calls),
+      max_executors or executor_cache.DEFAULT_MAX_EXECUTORS)
+  tff.framework.set_default_context(tff.framework.SyncExecutionContext(
+      executor_fn=factory,
+      compiler_fn=tff.backends.native.desugar_and_transform_to_native,
+      transform_args=tensorflow_computation.transform_args,
+      transform_result=tensorflow_computation.transform_result))

@@ -1,0 +1,127 @@
+"""Memory soak of the real CLI: coordinator and TFF worker RSS over a long run (issue 13).
+
+Runs `run_experiment.py` as a subprocess, exactly as a user does: EMNIST on the embedded data,
+10 clients per round (Poisson, the default), adaptive DP, EMA and past-k aggregates
+(--ema_beta=0.9 --past_k=3), evaluation every round and a checkpoint every 10 rounds, with
+z=0.7 (at a small z such as 0.3 epsilon passes 100 and the PLD accountant's composed loss
+distribution, legitimately, gains ~0.2 MB per round: accounting state, not a leak). This
+script reads the console line each round prints after its last output (metrics, TensorBoard,
+checkpoint) and, at that moment, the VmRSS of the run_experiment.py process (the coordinator)
+and of its `worker_binary` child from /proc. A single reading swings by tens of MB (malloc,
+executor set-up), so each report is the median over the `--window` rounds ending at the
+report round, and the slope is a least-squares fit over every round from the first report on.
+
+Target (issue 13): growth from the first report to the last under 10% for each process.
+Usage: python benchmarks/bench_soak.py [--rounds 500] [--report_at 50,250,500] [--window 9]
+       (quick check: --rounds 100 --report_at 30,100)
+"""
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tff_dp import runtime  # noqa: E402  (/proc helpers only; imports no TensorFlow)
+
+_ROUND = re.compile(r'^round\s+(\d+)/')
+TARGET_GROWTH = 0.10
+
+
+def rss_mib(pid: int) -> float:
+  """VmRSS of `pid` in MiB (nan if it is gone)."""
+  try:
+    with open(f'/proc/{pid}/status') as f:
+      for line in f:
+        if line.startswith('VmRSS:'):
+          return int(line.split()[1]) / 1024
+  except OSError:
+    pass
+  return float('nan')
+
+
+def slope(xs, ys) -> float:
+  """Least-squares slope of ys over xs."""
+  mx, my = statistics.fmean(xs), statistics.fmean(ys)
+  den = sum((x - mx) ** 2 for x in xs)
+  return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else float('nan')
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--rounds', type=int, default=500)
+  parser.add_argument('--report_at', default='50,250,500',
+                      help='Rounds to report RSS at (comma-separated, each <= --rounds).')
+  parser.add_argument('--window', type=int, default=9,
+                      help='Each report is the median over this many rounds ending there.')
+  parser.add_argument('--samples_csv', default=None,
+                      help='Also write round,coordinator_mib,worker_mib of every round here.')
+  parser.add_argument('--extra_flags', default='',
+                      help='More run_experiment.py flags, e.g. "--dp=none".')
+  args = parser.parse_args()
+  report_at = sorted(int(r) for r in args.report_at.split(','))
+  if report_at[-1] > args.rounds or report_at[0] < 1:
+    parser.error('--report_at rounds must lie in [1, --rounds]')
+
+  out_dir = tempfile.mkdtemp(prefix='bench_soak-')
+  cmd = [sys.executable, os.path.join(ROOT, 'run_experiment.py'), '--task=emnist',
+         f'--embedded_data_dir={os.path.join(ROOT, "data_cache", "embedded")}',
+         '--dp=adaptive', '--clip=0.1', '--noise_multiplier=0.7', '--clients_per_round=10',
+         f'--total_rounds={args.rounds}', '--ema_beta=0.9', '--past_k=3',
+         '--rounds_per_eval=1', '--rounds_per_checkpoint=10', f'--root_output_dir={out_dir}',
+         '--experiment_name=soak'] + args.extra_flags.split()
+  print('command:', ' '.join(cmd[1:]), flush=True)
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='3')
+  start = time.monotonic()
+  samples = {}   # round -> (coordinator MiB, worker MiB)
+  with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                        env=env, cwd=ROOT) as proc:
+    for line in proc.stdout:
+      m = _ROUND.match(line)
+      if not m:
+        if 'error' in line.lower():
+          print(line.rstrip(), flush=True)
+        continue
+      r = int(m.group(1))
+      workers = runtime.worker_pids(proc.pid)
+      samples[r] = (rss_mib(proc.pid), rss_mib(workers[0]) if workers else float('nan'))
+      if r % 25 == 0 or r == 1:
+        print(f'  round {r:4d}  coordinator {samples[r][0]:7.0f} MiB  worker '
+              f'{samples[r][1]:7.0f} MiB  ({time.monotonic() - start:.0f} s)', flush=True)
+  if proc.returncode != 0 or max(samples, default=0) < args.rounds:
+    sys.exit(f'run_experiment.py exited with {proc.returncode} after round '
+             f'{max(samples, default=0)}')
+
+  if args.samples_csv:
+    with open(args.samples_csv, 'w') as f:
+      f.write('round,coordinator_mib,worker_mib\n')
+      f.writelines(f'{r},{c:.1f},{w:.1f}\n' for r, (c, w) in sorted(samples.items()))
+  print(f'\n{args.rounds} rounds in {time.monotonic() - start:.0f} s; median RSS over the '
+        f'{args.window} rounds ending at each report round (MiB):')
+  print(f'{"round":>7} {"coordinator":>12} {"worker":>10}')
+  reports = {}
+  for r in report_at:
+    window = [samples[i] for i in range(max(1, r - args.window + 1), r + 1) if i in samples]
+    reports[r] = tuple(statistics.median(s[k] for s in window) for k in (0, 1))
+    print(f'{r:>7} {reports[r][0]:>12.0f} {reports[r][1]:>10.0f}')
+  first, last = report_at[0], report_at[-1]
+  rounds = [r for r in sorted(samples) if r >= first]
+  ok = True
+  for k, name in ((0, 'coordinator'), (1, 'worker')):
+    growth = reports[last][k] / reports[first][k] - 1
+    fit = slope(rounds, [samples[r][k] for r in rounds])
+    ok &= growth < TARGET_GROWTH
+    print(f'{name}: {growth:+.1%} from round {first} to {last} (target < '
+          f'{TARGET_GROWTH:.0%}); least-squares slope {fit:+.2f} MiB/round over rounds '
+          f'{first}..{last}')
+  print('target met' if ok else 'TARGET MISSED')
+
+
+if __name__ == '__main__':
+  main()
