@@ -82,6 +82,11 @@ _CLIENT_CACHE_SIZE = flags.DEFINE_integer(
 _PREFETCH_CLIENTS = flags.DEFINE_bool(
     'prefetch_clients', True,
     'Build the next round\'s client datasets in a background thread while a round runs.')
+_LOOP_IMPLEMENTATION = flags.DEFINE_string(
+    'loop_implementation', 'dataset_iterator',
+    'How TFF runs a client\'s pass over its batches: dataset_iterator (a loop over the '
+    'dataset\'s iterator, the fastest on CPU) or dataset_reduce (one DatasetReduce op, TFF\'s '
+    'default, needed on TPUs). Same steps, same model.')
 _MAX_CONCURRENT = flags.DEFINE_integer(
     'max_concurrent_computation_calls', -1,
     'Clients the TFF C++ worker trains concurrently (<= 0: all of a round\'s clients at once, '
@@ -267,6 +272,7 @@ def _config():
       rounds_per_checkpoint=_ROUNDS_PER_CHECKPOINT.value,
       max_eval_examples=_MAX_EVAL_EXAMPLES.value,
       client_cache_size=_CLIENT_CACHE_SIZE.value, prefetch_clients=_PREFETCH_CLIENTS.value,
+      loop_implementation=_LOOP_IMPLEMENTATION.value,
       client_optimizer=_CLIENT_OPT.value, client_learning_rate=_CLIENT_LR.value,
       server_optimizer=_SERVER_OPT.value, server_learning_rate=_SERVER_LR.value,
       server_momentum=_SERVER_MOMENTUM.value,

@@ -23,17 +23,20 @@ def fed_avg(model_fn, aggregator=None, *, client_learning_rate: float = 0.1,
       model_aggregator=aggregator)
 
 
+def rotating_order(names: list, rounds: int) -> list:
+  """The arms in the order they run: round i runs `names` rotated left by i, so position
+  effects and machine noise hit every arm alike."""
+  return [k for i in range(rounds) for k in names[i % len(names):] + names[:i % len(names)]]
+
+
 def interleaved_median_seconds(processes: dict, states: dict, data, rounds: int) -> dict:
   """Median seconds per round of each process; `states` (already warmed up) is advanced.
 
-  Arms run round by round in an order rotated every round, so position effects and machine
-  noise hit every arm alike.
+  Arms run round by round in `rotating_order`.
   """
-  names = list(processes)
-  times = {k: [] for k in names}
-  for i in range(rounds):
-    for k in names[i % len(names):] + names[:i % len(names)]:
-      t0 = time.perf_counter()
-      states[k] = processes[k].next(states[k], data).state
-      times[k].append(time.perf_counter() - t0)
+  times = {k: [] for k in processes}
+  for k in rotating_order(list(processes), rounds):
+    t0 = time.perf_counter()
+    states[k] = processes[k].next(states[k], data).state
+    times[k].append(time.perf_counter() - t0)
   return {k: statistics.median(v) for k, v in times.items()}

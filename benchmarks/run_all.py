@@ -9,6 +9,7 @@ BENCHMARKS = [
     ['bench_rounds.py'],                  # s/round per task; DP vs plain FedAvg
     ['bench_factories.py'],               # every aggregator vs plain/TFF DP: time, peak memory
     ['bench_throughput.py'],              # our whole round vs plain TFF without DP (<= 1.2x)
+    ['bench_limit.py'],                   # our round vs raw TF client work and TFF defaults
     ['bench_scaling.py'],                 # round time vs clients/round and vs loopback workers
     ['bench_adaptive_vs_tff.py'],         # our adaptive factory vs TFF's gaussian_adaptive
     ['bench_accountant.py'],              # incremental epsilon over a 10,000-round ledger

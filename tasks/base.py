@@ -22,6 +22,34 @@ class FederatedTask:
   word_counts: Optional[dict] = None    # public side information (StackOverflow)
   tag_counts: Optional[dict] = None
   vocab: Optional[list] = None
+  # train_data.serializable_dataset_fn accepts a traced client id (tasks.sql_client_data):
+  # `train_dataset_for_client` then builds every client's pipeline with one traced function.
+  traceable_train_data: bool = False
+
+  @functools.cached_property
+  def _traced_train_dataset_fn(self):
+    read = self.train_data.serializable_dataset_fn
+    return tf.function(lambda client_id: self.preprocess_train(read(client_id)),
+                       input_signature=[tf.TensorSpec([], tf.string)])
+
+  @functools.cached_property
+  def _train_client_ids(self) -> frozenset:
+    return frozenset(self.train_data.client_ids)
+
+  def train_dataset_for_client(self, client_id) -> tf.data.Dataset:
+    """`preprocess_train(train_data.create_tf_dataset_for_client(client_id))`: the same
+    elements, built faster where the data allows it.
+
+    Built eagerly, each client's pipeline re-traces the preprocessing's map functions (and, for
+    StackOverflow, rebuilds its vocabulary table from a Python list): measured 26 ms (EMNIST)
+    and 115-215 ms (StackOverflow, 10,000 words) per client on a loaded 2-core machine, paid on
+    the round loop's prefetch thread beside the round. One function traced with the id as a
+    string tensor returns the same pipeline for ~2 ms.
+    """
+    if not self.traceable_train_data or client_id not in self._train_client_ids:
+      # (An unknown id gets ClientData's own error.)
+      return self.preprocess_train(self.train_data.create_tf_dataset_for_client(client_id))
+    return self._traced_train_dataset_fn(tf.constant(client_id, tf.string))
 
   @functools.cached_property
   def input_spec(self):

@@ -34,6 +34,7 @@ def build(data_dir: str, client_spec: tff.simulation.baselines.ClientSpec,
   return FederatedTask(
       name='emnist',
       train_data=train,
+      traceable_train_data=True,   # sql_client_data reads a traced id.
       test_data=test,
       # TFF's `debug_seed` seeds the shuffle and makes the parallel map order deterministic.
       preprocess_train=emnist_preprocessing.create_preprocess_fn(client_spec,

@@ -83,6 +83,7 @@ def build_word_prediction(data_dir: str, client_spec, *, vocab_size: int = 10000
   return FederatedTask(
       name='stackoverflow_word',
       train_data=train,
+      traceable_train_data=True,   # sql_client_data reads a traced id.
       test_data=test,
       preprocess_train=_seeded(
           client_spec, shuffle_seed,
@@ -122,6 +123,7 @@ def build_tag_prediction(data_dir: str, client_spec, *, word_vocab_size: int = 1
   return FederatedTask(
       name='stackoverflow_tag',
       train_data=train,
+      traceable_train_data=True,   # sql_client_data reads a traced id.
       test_data=test,
       preprocess_train=_seeded(
           client_spec, shuffle_seed,

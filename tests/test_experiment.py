@@ -1,16 +1,20 @@
 """The training loop's privacy behaviour: --max_epsilon, and post-processing leaves the ledger alone."""
 
 import csv
+import dataclasses
 import json
 import os
 
+import numpy as np
 import pytest
 
 import tasks
 from tasks import synthetic_data
 from tff_dp import ledger as ledger_lib
 from tff_dp.accounting import accountant as accountant_lib
+from tff_dp.errors import UserInputError
 from tff_dp.training import experiment
+from tff_dp.training import fed_avg
 
 
 @pytest.fixture(scope='module')
@@ -69,3 +73,40 @@ def test_checkpoint_aggregation_and_preconditioning_leave_ledger_unchanged(data_
   assert 'eval_ema_accuracy' in agg_rows[-1] and agg_rows[-1]['trained_from_aggregate'] == '1'
   assert os.path.exists(tmp_path / 'aggregates' / 'uncertainty.json')
   assert [r['train_loss'] for r in pre_rows] != [r['train_loss'] for r in base_rows]
+
+
+def test_loop_implementation_reaches_tff_and_trains_the_same_model(data_dir, tmp_path,
+                                                                   monkeypatch):
+  """Both client loops (AdaDPS client path included) give one model; the choice reaches TFF."""
+  built = []
+  build = fed_avg.build_fed_avg
+
+  def spy(*args, **kwargs):
+    built.append(build(*args, **kwargs))
+    return built[-1]
+  monkeypatch.setattr(fed_avg, 'build_fed_avg', spy)
+  weights = {}
+  for loop in ('dataset_reduce', 'dataset_iterator'):
+    summary, _, _ = _run(data_dir, tmp_path, loop, loop_implementation=loop, total_rounds=1,
+                         noise_multiplier=0.0, sampling_seed=7, precondition='client',
+                         side_info='word_freq')
+    weights[loop] = summary['final_state'].global_model_weights.trainable
+  # The client work's TF graph holds a DatasetReduce op only when asked for.
+  graphs = [p.next.to_building_block().proto.SerializeToString() for p in built]
+  assert [b'ReduceDataset' in g for g in graphs] == [True, False]
+  for reduced, iterated in zip(weights['dataset_reduce'], weights['dataset_iterator']):
+    np.testing.assert_allclose(reduced, iterated, rtol=1e-5, atol=1e-6)
+  initial = built[1].get_model_weights(built[1].initialize()).trainable
+  assert not all(np.array_equal(a, b) for a, b in zip(initial, weights['dataset_iterator']))
+
+
+def test_loop_implementation_is_validated_and_may_change_on_resume(tmp_path):
+  cfg = experiment.ExperimentConfig(str(tmp_path), 'exp', dp='none')
+  cfg.validate()
+  assert cfg.loop_implementation == 'dataset_iterator'
+  recorded = json.loads(json.dumps(dataclasses.asdict(cfg)))
+  changed = dataclasses.replace(cfg, loop_implementation='dataset_reduce')
+  assert experiment.resume_changes(recorded, changed) == {
+      'loop_implementation': ('dataset_iterator', 'dataset_reduce')}
+  with pytest.raises(UserInputError, match='--loop_implementation'):
+    dataclasses.replace(cfg, loop_implementation='DATASET_REDUCE').validate()

@@ -224,6 +224,7 @@ def test_resume_refuses_changed_mechanism_and_records_allowed_changes(task, tmp_
     (['--uncertainty_last_k=1'], '--uncertainty_last_k'),
     (['--experiment_name='], '--experiment_name'),
     (['--noise_multiplier=inf'], '--noise_multiplier'),
+    (['--loop_implementation=reduce'], '--loop_implementation'),
 ])
 def test_bad_flags_exit_2_before_anything_is_written(args, flag, tmp_path, capsys):
   root = tmp_path / 'runs'

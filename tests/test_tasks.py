@@ -361,3 +361,21 @@ def test_generated_caches_index_the_client_lookup(tmp_path):
   con.close()
   assert 'USING INDEX' in plan and 'TEMP B-TREE' not in plan, plan   # No scan, no sort.
   assert len(rows) == len(_rows(db, 'all_train', ODD_IDS[1])) == 3
+
+
+@pytest.mark.parametrize('name,options', [
+    ('emnist', {}), ('stackoverflow_word', dict(vocab_size=300)),
+    ('stackoverflow_tag', dict(word_vocab_size=300, tag_vocab_size=50))])
+def test_train_dataset_for_client_is_the_eager_pipeline(cache, name, options):
+  task = tasks.build_task(name, cache, client_batch_size=4, shuffle_seed=3, **options)
+  assert task.traceable_train_data
+  for cid in task.train_data.client_ids:
+    eager = task.preprocess_train(task.train_data.create_tf_dataset_for_client(cid))
+    traced = task.train_dataset_for_client(cid)
+    assert traced.element_spec == eager.element_spec
+    got, want = list(traced.as_numpy_iterator()), list(eager.as_numpy_iterator())
+    assert len(got) == len(want) > 0
+    for g, w in zip(got, want):
+      tf.nest.map_structure(np.testing.assert_array_equal, g, w)
+  with pytest.raises(ValueError, match='not a client'):
+    task.train_dataset_for_client('no such client')
