@@ -1,98 +1,150 @@
-"""How round time grows with clients per round, and with TFF workers (loopback), measured.
+"""Scaling table (issue 13.7): seconds per round and peak RSS at 10, 100 and 500 clients per round.
 
-EMNIST CNN with our flat adaptive DP aggregator in build_unweighted_fed_avg, 60 examples per
-client (embedded data). Part 1: the local C++ context at 10, 50, 100 clients per round. Part 2:
-50 clients per round on 1 and 2 remote workers started with `python -m tff_dp.worker` on this
-machine (the mergeable execution context of `--workers`), against the local context.
-Usage: python benchmarks/bench_scaling.py [--rounds 3]
+Each cell is one `run_experiment.py` subprocess, exactly as a user runs it: the task's model, our
+flat adaptive DP aggregator (z = 0.3), fixed-size samples of `clients_per_round` clients from a
+generated TFF-format cache of `--population` clients (the generator of the embedded data, written
+once into `--cache_dir`), no evaluation, `--total_rounds` rounds. Seconds per round are the
+median of the console's `round_seconds` over the rounds after the first (the first traces and
+compiles). Peak RSS is sampled from /proc every 0.2 s: the run_experiment.py process (the
+coordinator), its TFF `worker_binary`, and their sum at the same instant.
+
+`--max_concurrent CLIENTS:CAP,...` passes `--max_concurrent_computation_calls=CAP` to the cells
+with that many clients per round (the memory bound for large rounds). One vs two loopback
+workers is measured by `bench_workers.py` (each worker pinned to its own core).
+Usage: python benchmarks/bench_scaling.py [--clients 10,100,500] [--tasks emnist,stackoverflow_word]
+           [--total_rounds 3] [--max_concurrent 500:100]
 """
 
 import argparse
 import os
-import socket
+import re
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
-import tff_dp  # noqa: E402,F401
-import portpicker  # noqa: E402
+from tff_dp import runtime  # noqa: E402  (/proc helpers only; imports no TensorFlow)
 
-import bench_common  # noqa: E402
-import tasks  # noqa: E402
-from tasks import synthetic_data  # noqa: E402
-from tff_dp import aggregators  # noqa: E402
-from tff_dp import distributed  # noqa: E402
-from tff_dp import runtime  # noqa: E402
+_ROUND_SECONDS = re.compile(r'^round\s+(\d+)/\d+.*\s(\d+\.\d+)s\s*$')
+# Examples per client of the generated caches: a StackOverflow client of the real dataset has a
+# median of ~30 sentences, EMNIST ~200 characters; fewer here keep a 500-client round in minutes.
+_EXAMPLES_PER_CLIENT = {'emnist': 40, 'stackoverflow_word': 10}
 
 
-def _process(task, clients):
-  return bench_common.fed_avg(
-      task.model_fn, aggregators.build_dp_aggregator(
-          'adaptive', noise_multiplier=0.5, clients_per_round=float(clients), clip=0.1),
-      client_learning_rate=0.05)
+def _rss_kib(pid: int) -> int:
+  try:
+    with open(f'/proc/{pid}/status') as f:
+      for line in f:
+        if line.startswith('VmRSS:'):
+          return int(line.split()[1])
+  except OSError:
+    pass
+  return 0
 
 
-def _seconds_per_round(task, clients, rounds):
-  data = bench_common.first_client_datasets(task, clients)
-  process = _process(task, clients)
-  state = process.next(process.initialize(), data).state   # Warm-up: tracing, compilation.
-  times = []
-  for _ in range(rounds):
-    t0 = time.perf_counter()
-    state = process.next(state, data).state
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
+class PeakRss:
+  """Samples the RSS of a process and of its TFF workers every `interval` s, keeping peaks."""
+
+  def __init__(self, pid: int, interval: float = 0.2):
+    self.coordinator = self.worker = self.total = 0
+    self._pid, self._interval = pid, interval
+    self._done = threading.Event()
+    self._thread = threading.Thread(target=self._sample, daemon=True)
+    self._thread.start()
+
+  def _sample(self):
+    while not self._done.is_set():
+      c = _rss_kib(self._pid)
+      w = sum(_rss_kib(p) for p in runtime.worker_pids(self._pid))
+      self.coordinator, self.worker = max(self.coordinator, c), max(self.worker, w)
+      self.total = max(self.total, c + w)
+      self._done.wait(self._interval)
+
+  def stop(self):
+    self._done.set()
+    self._thread.join()
 
 
-def _start_worker():
-  port = portpicker.pick_unused_port()
-  env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  proc = subprocess.Popen([sys.executable, '-m', 'tff_dp.worker', f'--port={port}'], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  for _ in range(600):
-    try:
-      with socket.create_connection(('127.0.0.1', port), timeout=0.2):
-        return proc, f'127.0.0.1:{port}'
-    except OSError:
-      time.sleep(0.1)
-  raise RuntimeError('worker did not start')
+def _cache(cache_dir: str, task: str, population: int) -> str:
+  """A TFF-format cache of `population` training clients (written once, then reused)."""
+  from tasks import synthetic_data  # pylint: disable=g-import-not-at-top
+  path = os.path.join(cache_dir, f'{task.split("_")[0]}-{population}')
+  done = os.path.join(path, '.complete')
+  if not os.path.exists(done):
+    os.makedirs(path, exist_ok=True)
+    write = (synthetic_data.write_emnist_cache if task == 'emnist'
+             else synthetic_data.write_stackoverflow_cache)
+    write(path, num_train_clients=population, examples_per_client=_EXAMPLES_PER_CLIENT[task],
+          num_test_clients=4)
+    open(done, 'w').close()
+  return path
+
+
+def run_cell(task: str, data_dir: str, clients: int, rounds: int, cap: int) -> dict:
+  out_dir = tempfile.mkdtemp(prefix='bench_scaling-')
+  cmd = [sys.executable, os.path.join(ROOT, 'run_experiment.py'), f'--task={task}',
+         f'--data_dir={data_dir}', '--dp=adaptive', '--clip=0.1', '--noise_multiplier=0.3',
+         f'--clients_per_round={clients}', '--client_sampling=fixed_size',
+         f'--total_rounds={rounds}', f'--rounds_per_eval={rounds + 1}',
+         f'--rounds_per_checkpoint={rounds}', f'--max_concurrent_computation_calls={cap}',
+         '--sampling_seed=0', f'--root_output_dir={out_dir}', '--experiment_name=scaling']
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='3')
+  seconds, tail = {}, []
+  start = time.monotonic()
+  with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                        env=env, cwd=ROOT) as proc:
+    peak = PeakRss(proc.pid)
+    for line in proc.stdout:
+      tail = (tail + [line.rstrip()])[-5:]
+      m = _ROUND_SECONDS.match(line)
+      if m:
+        seconds[int(m.group(1))] = float(m.group(2))
+    peak.stop()
+  if proc.returncode != 0 or len(seconds) < rounds:
+    raise RuntimeError(f'{task} at {clients} clients failed ({proc.returncode}):\n' +
+                       '\n'.join(tail))
+  later = [s for r, s in seconds.items() if r > 1] or list(seconds.values())
+  return dict(s_per_round=statistics.median(later), first_round=seconds[1],
+              wall=time.monotonic() - start, coordinator_gib=peak.coordinator / 2**20,
+              worker_gib=peak.worker / 2**20, total_gib=peak.total / 2**20)
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--rounds', type=int, default=3)
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--tasks', default='emnist,stackoverflow_word')
+  parser.add_argument('--clients', default='10,100,500')
+  parser.add_argument('--population', type=int, default=1000)
+  parser.add_argument('--total_rounds', type=int, default=3)
+  parser.add_argument('--max_concurrent', default='',
+                      help='CLIENTS:CAP,... e.g. 500:100 (default: no cap anywhere).')
+  parser.add_argument('--cache_dir', default=os.path.join(tempfile.gettempdir(),
+                                                          'tff_dp_bench_scaling'))
   args = parser.parse_args()
-  data_dir = os.path.join(tempfile.gettempdir(), 'tff_dp_bench_data')
-  synthetic_data.ensure_default_cache(data_dir, 'emnist')
-  task = tasks.build_task('emnist', data_dir, client_batch_size=20)
-  print(f'{os.cpu_count()} cores; EMNIST CNN, adaptive DP, 60 examples/client; median of '
-        f'{args.rounds} rounds after a warm-up round')
-  print(f'\n{"clients/round":>14} {"s/round":>8} {"s/client":>9}')
-  for clients in (10, 50, 100):
-    t = _seconds_per_round(task, clients, args.rounds)
-    print(f'{clients:>14} {t:>8.2f} {t / clients:>9.3f}')
-
-  print(f'\n50 clients/round{"":<12} {"s/round":>8}')
-  local = _seconds_per_round(task, 50, args.rounds)
-  print(f'{"local C++ context":<28} {local:>8.2f}')
-  procs = []
-  try:
-    for n in (1, 2):
-      while len(procs) < n:
-        procs.append(_start_worker())
-      distributed.install_worker_context([a for _, a in procs])
-      t = _seconds_per_round(task, 50, args.rounds)
-      print(f'{f"{n} remote worker(s), loopback":<28} {t:>8.2f}   x{t / local:.2f} of local')
-  finally:
-    runtime.configure_execution_context()
-    for p, _ in procs:
-      p.terminate()
-      p.wait()
+  clients = [int(c) for c in args.clients.split(',')]
+  caps = {int(k): int(v) for k, v in (kv.split(':') for kv in args.max_concurrent.split(',')
+                                       if kv)}
+  if args.total_rounds < 2 or max(clients) > args.population:
+    parser.error('--total_rounds must be >= 2 and every --clients <= --population')
+  print(f'{os.cpu_count()} cores; adaptive DP z=0.3, fixed-size samples from {args.population} '
+        f'clients; s/round = median of rounds 2..{args.total_rounds}; peak RSS sampled every '
+        '0.2 s', flush=True)
+  print(f'\n{"task":<20} {"clients":>7} {"cap":>5} {"ex/client":>9} {"s/round":>8} '
+        f'{"s/client":>8} {"round 1 s":>9} {"coord GiB":>9} {"worker GiB":>10} '
+        f'{"sum GiB":>8}', flush=True)
+  for task in args.tasks.split(','):
+    data_dir = _cache(args.cache_dir, task, args.population)
+    for n in clients:
+      cap = caps.get(n, -1)
+      r = run_cell(task, data_dir, n, args.total_rounds, cap)
+      print(f'{task:<20} {n:>7} {cap if cap > 0 else "-":>5} {_EXAMPLES_PER_CLIENT[task]:>9} '
+            f'{r["s_per_round"]:>8.2f} {r["s_per_round"] / n:>8.3f} {r["first_round"]:>9.1f} '
+            f'{r["coordinator_gib"]:>9.2f} {r["worker_gib"]:>10.2f} {r["total_gib"]:>8.2f}',
+            flush=True)
 
 
 if __name__ == '__main__':
