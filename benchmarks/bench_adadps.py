@@ -22,7 +22,7 @@ import tensorflow_federated as tff  # noqa: E402
 
 from tff_dp import adadps  # noqa: E402
 from tff_dp.adadps import synthetic  # noqa: E402
-from tff_dp.adadps import wiring  # noqa: E402
+from tff_dp.training import adadps_setup  # noqa: E402
 from tff_dp.aggregators.preconditioned import PreconditionedFactory  # noqa: E402
 
 
@@ -100,7 +100,7 @@ def bench_stackoverflow(args, rows):
   clients_per_round = min(args.clients_per_round, len(train_ids))
   client_ds = lambda i: task.preprocess_train(
       task.train_data.create_tf_dataset_for_client(train_ids[i]))
-  scales = wiring.scales_for_task(task, 'word_freq', cap=args.cap, division=args.division)
+  scales = adadps_setup.scales_for_task(task, 'word_freq', cap=args.cap, division=args.division)
   eval_ds = task.preprocess_eval(
       task.test_data.create_tf_dataset_from_all_clients().take(2000))
   sgd = tff.learning.optimizers.build_sgdm

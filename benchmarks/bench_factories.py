@@ -37,7 +37,7 @@ from tff_dp import accounting  # noqa: E402
 from tff_dp import aggregators  # noqa: E402
 from tff_dp import ledger as ledger_lib  # noqa: E402
 from tff_dp import runtime  # noqa: E402
-from tff_dp.adadps import wiring  # noqa: E402
+from tff_dp.training import adadps_setup  # noqa: E402
 
 _Z, _CLIP = 0.5, 1.0
 
@@ -59,8 +59,8 @@ def _arms(task, clients):
       'adaptive': (ours('adaptive'), sgd(0.1)),
       # One clipped-count query per layer: sigma_b must grow with the layer count.
       'per_layer': (ours('per_layer_adaptive', clipped_count_stddev=4.0), sgd(0.1)),
-      'adadps_client': (ours('adaptive'), wiring.client_optimizer('sgd', 0.1, ones)),
-      'adadps_server': (wiring.server_aggregator(ones, ours('adaptive')), sgd(0.1)),
+      'adadps_client': (ours('adaptive'), adadps_setup.client_optimizer('sgd', 0.1, ones)),
+      'adadps_server': (adadps_setup.server_aggregator(ones, ours('adaptive')), sgd(0.1)),
   }
   return {name: bench_common.fed_avg(task.model_fn, agg, client_optimizer=opt)
           for name, (agg, opt) in arms.items()}

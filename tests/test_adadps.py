@@ -12,7 +12,7 @@ import tensorflow_federated as tff
 from tff_dp import adadps
 from tff_dp.adadps import preconditioner as precond_lib
 from tff_dp.adadps import synthetic
-from tff_dp.adadps import wiring
+from tff_dp.training import adadps_setup
 from tff_dp.aggregators.preconditioned import PreconditionedFactory
 from tff_dp.errors import UserInputError
 
@@ -296,11 +296,11 @@ def test_client_adadps_beats_dp_fedavg_on_sparse_linear_task(sparse_task, freq_s
   assert ada < 0.05 * initial, (ada, initial)
 
 
-# ------------------------------------------------------------------------------- wiring
+# ------------------------------------------------------------------------ adadps_setup
 
 
 class _FakeTask:
-  """Just the Contract-3 attributes the wiring reads."""
+  """Just the Contract-3 attributes adadps_setup reads."""
 
   def __init__(self, task):
     self._task = task
@@ -318,19 +318,19 @@ class _FakeTask:
 
 def test_wiring_scales_for_task(sparse_task, freq_scales, tmp_path):
   task = _FakeTask(sparse_task)
-  scales = wiring.scales_for_task(task, 'word_freq', cap=1000.0, division=1.0)
+  scales = adadps_setup.scales_for_task(task, 'word_freq', cap=1000.0, division=1.0)
   np.testing.assert_allclose(scales[0], freq_scales[0])
   with pytest.raises(UserInputError, match='tag_counts'):
-    wiring.scales_for_task(task, 'tag_freq')
-  pub = wiring.scales_for_task(task, 'public_clients', public_client_ids=['0', '1'], eps=1e-6)
+    adadps_setup.scales_for_task(task, 'tag_freq')
+  pub = adadps_setup.scales_for_task(task, 'public_clients', public_client_ids=['0', '1'], eps=1e-6)
   assert pub[0].shape == (sparse_task.num_features, 1) and np.all(pub[0] > 0)
   # Rare features have smaller gradient second moments -> larger scales.
   assert pub[0][50:].mean() > pub[0][:10].mean()
   np.save(tmp_path / 's.npy', np.full((sparse_task.num_features, 1), 3.0))
-  assert np.all(wiring.scales_for_task(task, f'file:{tmp_path / "s.npy"}')[0] == 3.0)
+  assert np.all(adadps_setup.scales_for_task(task, f'file:{tmp_path / "s.npy"}')[0] == 3.0)
   with pytest.raises(UserInputError, match='side_info'):
-    wiring.scales_for_task(task, 'bogus')
-  opt = wiring.client_optimizer('sgd', 0.1, scales)
+    adadps_setup.scales_for_task(task, 'bogus')
+  opt = adadps_setup.client_optimizer('sgd', 0.1, scales)
   assert isinstance(opt, tff.learning.optimizers.Optimizer)
-  assert isinstance(wiring.server_aggregator(scales, None),
+  assert isinstance(adadps_setup.server_aggregator(scales, None),
                     tff.aggregators.UnweightedAggregationFactory)

@@ -4,7 +4,7 @@
 """
 
 from tff_dp.accounting.accountant import collapsed_dp_event
-from tff_dp.accounting.accountant import effective_noise_multiplier
+from tff_dp.noise_budget import effective_noise_multiplier
 from tff_dp.accounting.accountant import epsilon_curve
 from tff_dp.accounting.accountant import LedgerAccountant
 from tff_dp.accounting.accountant import record_to_dp_event

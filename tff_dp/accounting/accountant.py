@@ -62,6 +62,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 
 from tff_dp import errors
 from tff_dp import ledger
+from tff_dp import noise_budget
 from tff_dp.accounting import rdp_gaussian
 
 NeighboringRelation = dp_accounting.NeighboringRelation
@@ -169,11 +170,6 @@ def record_to_dp_event(record: ledger.RoundRecord,
   return _wrap_sampling(record, neighboring_relation, inner)
 
 
-def effective_noise_multiplier(noise_multipliers: Sequence[float]) -> float:
-  """Eq. (1): (sum_g z_g^-2)^-1/2 for Gaussians run on the same sample."""
-  return math.fsum(float(z)**-2 for z in noise_multipliers)**-0.5
-
-
 def _round_down(value: float, digits: int) -> float:
   """Largest float <= value with `digits` significant decimal digits (a PLD group key)."""
   if value == 0.0 or not math.isfinite(value):
@@ -195,7 +191,7 @@ def collapsed_dp_event(record: ledger.RoundRecord,
   multipliers, special = _multipliers_or_special_event(record, neighboring_relation)
   if special is not None:
     return special
-  z = effective_noise_multiplier(multipliers)
+  z = noise_budget.effective_noise_multiplier(multipliers)
   return _wrap_sampling(record, neighboring_relation, dp_accounting.GaussianDpEvent(z))
 
 

@@ -21,6 +21,7 @@ import dp_accounting
 
 from tff_dp import errors
 from tff_dp import ledger
+from tff_dp import noise_budget
 from tff_dp.accounting import accountant
 
 _Z_MIN, _Z_MAX = 1e-3, 1e3  # Outside this range the setting is useless in practice.
@@ -28,21 +29,13 @@ _Z_MIN, _Z_MAX = 1e-3, 1e3  # Outside this range the setting is useless in pract
 
 def update_noise_multiplier(noise_multiplier: float,
                             clipped_count_stddev: Optional[float]) -> float:
-  """TFF's value (update) noise multiplier given the effective z and sigma_b (None: z)."""
-  z = float(noise_multiplier)
+  """The update query's multiplier z_v given the effective z and sigma_b (None: fixed clip, z).
+
+  The split itself is `noise_budget.update_noise_multiplier`, the one the aggregators use."""
   if clipped_count_stddev is None:
-    return z
-  sigma_b = float(clipped_count_stddev)
-  if not sigma_b > 0 or not math.isfinite(sigma_b):
-    raise errors.UserInputError(
-        f'clipped_count_stddev must be a positive number, got {clipped_count_stddev!r}.')
-  if z >= 2 * sigma_b:
-    raise errors.UserInputError(
-        f'The effective noise multiplier {z:.4g} needs clipped_count_stddev > {z / 2:.4g} '
-        f'(got {sigma_b:.4g}): the clipped-count query alone would exceed the budget. '
-        'Increase clipped_count_stddev (TFF default 0.05 * clients_per_round), i.e. more '
-        'clients per round, or relax the privacy target.')
-  return (z**-2 - (2 * sigma_b)**-2)**-0.5
+    return float(noise_multiplier)
+  sigma_b = noise_budget.resolve_clipped_count_stddev(clipped_count_stddev, 0.0)
+  return noise_budget.update_noise_multiplier(float(noise_multiplier), sigma_b)
 
 
 @dataclasses.dataclass(frozen=True)

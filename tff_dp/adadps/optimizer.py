@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_dp.adadps import preconditioner as precond_lib
+from tff_dp import coordinate_scales
 from tff_dp.errors import UserInputError
 
 _optimizer = tff.learning.optimizers
@@ -38,11 +38,11 @@ class _PreconditionedOptimizer(_optimizer.Optimizer):
   def next(self, state, weights, gradients):
     gradients = _optimizer.handle_indexed_slices_gradients(gradients)
     flat = tf.nest.flatten(gradients)
-    precond_lib.validate_scales(
+    coordinate_scales.validate_scales(
         self._scales, [tuple(w.shape) for w in tf.nest.flatten(weights)])
     scaled = []
     for g, s in zip(flat, self._scales):
-      if g is None or precond_lib.is_identity(s):
+      if g is None or coordinate_scales.is_identity(s):
         scaled.append(g)
       else:
         scaled.append(g * tf.constant(s, dtype=g.dtype))

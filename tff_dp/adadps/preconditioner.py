@@ -95,42 +95,8 @@ def build_scales(side_info: si.SideInformation, *, preconditioner: str = 'auto',
   return [np.ones((), np.float32) if s is None else s for s in scales]
 
 
-def validate_scales(scales: Sequence[np.ndarray], weight_shapes: Sequence[tuple],
-                    *, require_positive: bool = False) -> list[np.ndarray]:
-  """Checks scales against the weight shapes; returns them as float32 arrays."""
-  scales = [np.asarray(s, np.float32) for s in scales]
-  if len(scales) != len(weight_shapes):
-    raise UserInputError(f'{len(scales)} scale arrays for {len(weight_shapes)} trainable weights')
-  for i, (s, shape) in enumerate(zip(scales, weight_shapes)):
-    shape = tuple(int(d) for d in shape)
-    try:
-      ok = np.broadcast_shapes(s.shape, shape) == shape
-    except ValueError:
-      ok = False
-    if not ok:
-      raise UserInputError(f'scales for weight {i} have shape {s.shape}, not broadcastable to '
-                           f'the weight shape {shape}')
-    if not np.all(np.isfinite(s)) or np.any(s < 0):
-      raise UserInputError(f'scales for weight {i} must be finite and non-negative')
-    if require_positive and np.any(s == 0):
-      raise UserInputError(f'scales for weight {i} contain zeros; cannot un-scale')
-  return scales
-
-
 def expand_scales(scales: Sequence[np.ndarray], weight_shapes: Sequence[tuple]
                   ) -> list[np.ndarray]:
   """Full-shape copies of the scales (for inspection / saving; not needed for training)."""
   return [np.broadcast_to(np.asarray(s, np.float32), tuple(shape)).copy()
           for s, shape in zip(scales, weight_shapes)]
-
-
-def is_identity(scale: np.ndarray) -> bool:
-  """True when multiplying by `scale` is a no-op (skip it in the graph)."""
-  return scale.ndim == 0 and float(scale) == 1.0
-
-
-def scale_summary(scales: Sequence[np.ndarray]) -> str:
-  """One line for logs: the range of the scales actually applied."""
-  vals = np.concatenate([np.asarray(s, np.float32).reshape(-1) for s in scales])
-  return f'scales min {vals.min():.4g}, median {np.median(vals):.4g}, max {vals.max():.4g}'
-

@@ -5,6 +5,7 @@ Every factory reports `privacy_queries` (docs/ARCHITECTURE.md, Contract 1) in it
 
 from typing import Optional
 
+from tff_dp import noise_budget
 from tff_dp import runtime
 from tff_dp.aggregators.adaptive import AdaptiveClipGaussianFactory
 from tff_dp.aggregators.fixed import FixedClipGaussianFactory
@@ -32,28 +33,23 @@ def build_dp_aggregator(kind: str, *, noise_multiplier: float, clients_per_round
   `joint_clip`, `adaptive_scales`) factories; anything else is a UserInputError.
   """
   if kind not in DP_KINDS:
-    raise UserInputError(f'unknown DP aggregation {kind!r}; choose one of {", ".join(DP_KINDS)}')
-  if noise_allocation not in ('proportional', 'dimensionality'):
-    raise UserInputError(f'noise_allocation must be proportional or dimensionality, got '
-                         f'{noise_allocation!r}')
+    raise UserInputError(f'unknown DP aggregation kind {kind!r}; choose one of '
+                         f'{", ".join(DP_KINDS)}')
+  noise_budget.check_noise_allocation(noise_allocation)
   if kind in ('fixed', 'adaptive') and kwargs:
-    raise UserInputError(f'--dp={kind} does not take {", ".join(sorted(kwargs))} (only '
-                         'per_layer_adaptive / joint do)')
+    raise UserInputError(f'DP aggregation kind {kind!r} does not take '
+                         f'{", ".join(sorted(kwargs))} (only per_layer_adaptive / joint do)')
   if kind == 'fixed':
     return FixedClipGaussianFactory(clip=clip, noise_multiplier=noise_multiplier,
                                     clients_per_round=clients_per_round)
+  adaptive = dict(noise_multiplier=noise_multiplier, clients_per_round=clients_per_round,
+                  target_unclipped_quantile=target_unclipped_quantile,
+                  clip_learning_rate=clip_learning_rate, update_rule=update_rule,
+                  clipped_count_stddev=clipped_count_stddev)
   if kind == 'adaptive':
-    return AdaptiveClipGaussianFactory(
-        noise_multiplier=noise_multiplier, clients_per_round=clients_per_round,
-        initial_clip=clip, target_unclipped_quantile=target_unclipped_quantile,
-        clip_learning_rate=clip_learning_rate, update_rule=update_rule,
-        clipped_count_stddev=clipped_count_stddev)
-  if kind in ('per_layer_adaptive', 'joint'):
-    from tff_dp.aggregators import per_layer  # pylint: disable=g-import-not-at-top
-    return per_layer.build(kind, noise_multiplier=noise_multiplier,
-                           clients_per_round=clients_per_round, clip=clip,
-                           target_unclipped_quantile=target_unclipped_quantile,
-                           clip_learning_rate=clip_learning_rate, update_rule=update_rule,
-                           clipped_count_stddev=clipped_count_stddev,
-                           noise_allocation=noise_allocation, **kwargs)
-  raise UserInputError(f'unknown DP aggregation {kind!r}; choose one of {", ".join(DP_KINDS)}')
+    return AdaptiveClipGaussianFactory(initial_clip=clip, **adaptive)
+  if kind == 'per_layer_adaptive':
+    return PerLayerAdaptiveClipFactory(initial_clip=clip, noise_allocation=noise_allocation,
+                                       **adaptive, **kwargs)
+  return JointClipFactory(initial_scale=clip, noise_allocation=noise_allocation, **adaptive,
+                          **kwargs)

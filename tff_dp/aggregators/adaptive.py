@@ -13,13 +13,11 @@ import collections
 
 import tensorflow_privacy as tfp
 
-from tff_dp.aggregators import budget
+from tff_dp import noise_budget
 from tff_dp.aggregators import estimate_floor
-from tff_dp.aggregators import per_layer
 from tff_dp.aggregators import privacy_queries
+from tff_dp.aggregators import quantile_clipping
 from tff_dp.aggregators.fixed import ReportingDPFactory
-
-UPDATE_RULES = per_layer.UPDATE_RULES
 
 
 def _quantile_tuples(quantile_state):
@@ -42,14 +40,14 @@ class AdaptiveClipGaussianFactory(ReportingDPFactory):
                initial_clip: float, target_unclipped_quantile: float = 0.5,
                clip_learning_rate: float = 0.2, update_rule: str = 'geometric',
                clipped_count_stddev: float | None = None):
-    per_layer.check_adaptive_args(
+    quantile_clipping.check_adaptive_args(
         noise_multiplier=noise_multiplier, clients_per_round=clients_per_round,
         initial_clip=initial_clip, target_unclipped_quantile=target_unclipped_quantile,
         clip_learning_rate=clip_learning_rate, update_rule=update_rule)
     self.noise_multiplier = float(noise_multiplier)
-    self.clipped_count_stddev = per_layer.resolve_count_stddev(
+    self.clipped_count_stddev = quantile_clipping.resolve_count_stddev(
         self.noise_multiplier, clipped_count_stddev, clients_per_round)
-    self.update_noise_multiplier = budget.update_noise_multiplier(
+    self.update_noise_multiplier = noise_budget.update_noise_multiplier(
         self.noise_multiplier, self.clipped_count_stddev)
     self.update_rule = update_rule
     query = tfp.NormalizedQuery(
@@ -77,7 +75,7 @@ class AdaptiveClipGaussianFactory(ReportingDPFactory):
     def metrics(query_state, inner_measurements):
       clip_used = query_state.numerator_state.sum_state.l2_norm_clip
       next_clip = inner_measurements['dp_query_metrics']['clip']
-      fraction = per_layer.unclipped_fraction(clip_used, next_clip, gamma, eta, geometric)
+      fraction = quantile_clipping.unclipped_fraction(clip_used, next_clip, gamma, eta, geometric)
       return collections.OrderedDict(
           clip=clip_used, next_clip=next_clip, unclipped_fraction_estimate=fraction)
 

@@ -20,10 +20,11 @@ import tensorflow_privacy as tfp
 from tensorflow_privacy.privacy.dp_query import nested_query
 import dp_accounting
 
-from tff_dp.aggregators import budget
+from tff_dp import noise_budget
 from tff_dp.aggregators import estimate_floor
-from tff_dp.aggregators import per_layer
+from tff_dp.aggregators import groups as groups_lib
 from tff_dp.aggregators import privacy_queries
+from tff_dp.aggregators import quantile_clipping
 from tff_dp.aggregators.fixed import ReportingDPFactory
 from tff_dp.errors import UserInputError
 
@@ -108,19 +109,17 @@ class JointClipFactory(tff.aggregators.UnweightedAggregationFactory):
                joint_clip: Optional[float] = None, adaptive_scales: bool = True,
                target_unclipped_quantile: float = 0.5, clip_learning_rate: float = 0.2,
                update_rule: str = 'geometric', clipped_count_stddev: Optional[float] = None,
-               noise_allocation: str = 'proportional', groups: per_layer.Groups = 'all'):
+               noise_allocation: str = 'proportional', groups: groups_lib.Groups = 'all'):
     scales = ([float(a) for a in initial_scale] if isinstance(initial_scale, (list, tuple))
               else None)
-    per_layer.check_adaptive_args(
+    quantile_clipping.check_adaptive_args(
         noise_multiplier=noise_multiplier, clients_per_round=clients_per_round,
         initial_clip=min(scales) if scales else initial_scale,
         target_unclipped_quantile=target_unclipped_quantile,
         clip_learning_rate=clip_learning_rate, update_rule=update_rule)
     if joint_clip is not None and not joint_clip > 0:
       raise UserInputError(f'joint_clip must be positive, got {joint_clip}')
-    if noise_allocation not in per_layer.NOISE_ALLOCATIONS:
-      raise UserInputError(f'noise_allocation must be proportional or dimensionality, got '
-                           f'{noise_allocation!r}')
+    noise_budget.check_noise_allocation(noise_allocation)
     self.noise_multiplier = float(noise_multiplier)
     self.clients_per_round = float(clients_per_round)
     self.initial_scale = scales if scales else float(initial_scale)
@@ -130,26 +129,26 @@ class JointClipFactory(tff.aggregators.UnweightedAggregationFactory):
     self.clip_learning_rate = float(clip_learning_rate)
     self.update_rule = update_rule
     self.clipped_count_stddev = (
-        per_layer.resolve_count_stddev(self.noise_multiplier, clipped_count_stddev,
+        quantile_clipping.resolve_count_stddev(self.noise_multiplier, clipped_count_stddev,
                                        clients_per_round) if self.adaptive_scales else 0.0)
     self.noise_allocation = noise_allocation
     self._groups = groups
 
   def create(self, value_type) -> tff.templates.AggregationProcess:
-    specs, shapes = per_layer.value_specs_and_shapes(value_type)
+    specs, shapes = groups_lib.value_specs_and_shapes(value_type)
     n = len(shapes)
-    groups = [list(range(n))] if self._groups == 'all' else per_layer.resolve_groups(
+    groups = [list(range(n))] if self._groups == 'all' else groups_lib.resolve_groups(
         self._groups, shapes)
-    names = per_layer.group_names(len(groups))
+    names = groups_lib.group_names(len(groups))
     scales = self.initial_scale if isinstance(self.initial_scale, list) else [
         self.initial_scale] * n
     if len(scales) != n:
       raise UserInputError(f'{len(scales)} initial scales given for {n} tensors')
     num_counts = n if self.adaptive_scales else 0
-    z_v = (budget.update_noise_multiplier(self.noise_multiplier, self.clipped_count_stddev,
+    z_v = (noise_budget.update_noise_multiplier(self.noise_multiplier, self.clipped_count_stddev,
                                           num_counts) if num_counts else self.noise_multiplier)
-    multipliers = budget.group_noise_multipliers(
-        z_v, per_layer.group_sizes(groups, shapes), self.noise_allocation)
+    multipliers = noise_budget.group_noise_multipliers(
+        z_v, groups_lib.group_sizes(groups, shapes), self.noise_allocation)
     clips = [self.joint_clip or math.sqrt(len(g)) for g in groups]
     geometric = self.update_rule == 'geometric'
     sub_queries = []
@@ -165,7 +164,7 @@ class JointClipFactory(tff.aggregators.UnweightedAggregationFactory):
             for i in g])
       sub_queries.append(JointClipSumQuery(s, z * s, [scales[i] for i in g], estimator))
     query = tfp.NormalizedQuery(
-        per_layer.RegroupedSumQuery(nested_query.NestedSumQuery(sub_queries), groups, specs),
+        groups_lib.RegroupedSumQuery(nested_query.NestedSumQuery(sub_queries), groups, specs),
         denominator=self.clients_per_round)
     adaptive = self.adaptive_scales
     gamma, eta = self.target_unclipped_quantile, self.clip_learning_rate
@@ -194,7 +193,7 @@ class JointClipFactory(tff.aggregators.UnweightedAggregationFactory):
           used = st.estimator_state[j].current_estimate if adaptive else st.scales[j]
           scale[f'tensor_{i}'], next_scale[f'tensor_{i}'] = used, new[j]
           if adaptive:
-            fraction[f'tensor_{i}'] = per_layer.unclipped_fraction(used, new[j], gamma, eta,
+            fraction[f'tensor_{i}'] = quantile_clipping.unclipped_fraction(used, new[j], gamma, eta,
                                                                    geometric)
       out = collections.OrderedDict(scale=scale, next_scale=next_scale)
       if adaptive:

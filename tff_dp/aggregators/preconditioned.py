@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_dp.adadps import preconditioner as precond_lib
+from tff_dp import coordinate_scales
 from tff_dp.aggregators import wrapping
 
 MEASUREMENT_KEY = 'preconditioned'
@@ -38,12 +38,13 @@ class PreconditionedFactory(tff.aggregators.UnweightedAggregationFactory):
   def create(self, value_type) -> tff.templates.AggregationProcess:
     shapes = [tuple(t.shape) for t in
               wrapping.float_leaf_types(value_type, 'PreconditionedFactory')]
-    scales = precond_lib.validate_scales(self._scales, shapes, require_positive=self._unscale)
+    scales = coordinate_scales.validate_scales(self._scales, shapes,
+                                               require_positive=self._unscale)
     inner_process = self._inner.create(value_type)
 
     def _map(value, fn):
       flat = tf.nest.flatten(value)
-      out = [v if precond_lib.is_identity(s) else fn(v, tf.constant(s, v.dtype))
+      out = [v if coordinate_scales.is_identity(s) else fn(v, tf.constant(s, v.dtype))
              for v, s in zip(flat, scales)]
       return tf.nest.pack_sequence_as(value, out)
 

@@ -19,10 +19,10 @@ from tff_dp import aggregators
 from tff_dp import checkpoint_aggregation as ca
 from tff_dp import ledger as ledger_lib
 from tff_dp import sampling
-from tff_dp.adadps import wiring
 from tff_dp.aggregators import non_finite
 from tff_dp.aggregators import privacy_queries as privacy_queries_lib
 from tff_dp.errors import UserInputError
+from tff_dp.training import adadps_setup
 from tff_dp.training import client_data
 from tff_dp.training import evaluation
 from tff_dp.training import fed_avg
@@ -376,17 +376,17 @@ def _build_and_run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSigna
       cfg.server_optimizer, cfg.server_learning_rate, momentum=cfg.server_momentum)
   aggregator = build_aggregator(cfg)
   if cfg.precondition != 'none':
-    scales = wiring.scales_for_task(task, cfg.side_info, public_client_ids=public_ids,
+    scales = adadps_setup.scales_for_task(task, cfg.side_info, public_client_ids=public_ids,
                                     cap=cfg.precondition_cap,
                                     division=cfg.precondition_division, eps=cfg.precondition_eps,
                                     preconditioner=cfg.preconditioner,
                                     num_frequent=cfg.precondition_num_frequent,
                                     rare_scale=cfg.precondition_rare_scale)
     if cfg.precondition == 'client':
-      client_optimizer = wiring.client_optimizer(cfg.client_optimizer, cfg.client_learning_rate,
+      client_optimizer = adadps_setup.client_optimizer(cfg.client_optimizer, cfg.client_learning_rate,
                                                  scales)
     else:
-      aggregator = wiring.server_aggregator(scales, aggregator)
+      aggregator = adadps_setup.server_aggregator(scales, aggregator)
 
   uniform = cfg.weighting == 'uniform'
   if uniform:

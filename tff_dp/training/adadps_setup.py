@@ -1,5 +1,7 @@
-"""Glue for `tff_dp.training.experiment`: CLI strings + a task (Contract 3) -> scales, optimizer,
-aggregator. Kept here so the training code needs no knowledge of the side-information sources."""
+"""AdaDPS in an experiment: a side-information source name + a task (Contract 3) -> scales,
+client optimizer, server aggregator. Composition-root glue (it knows the task contract, the
+optimizer names and the aggregators), so it lives in `training/`, above `adadps/`, which stays a
+library of side information, preconditioners and the preconditioned optimizer."""
 
 from typing import Optional, Sequence
 
@@ -9,7 +11,9 @@ import tensorflow_federated as tff
 from tff_dp.adadps import optimizer as optimizer_lib
 from tff_dp.adadps import preconditioner as precond_lib
 from tff_dp.adadps import side_information as si
+from tff_dp.aggregators import preconditioned
 from tff_dp.errors import UserInputError
+from tff_dp.training import optimizers
 
 SIDE_INFO_CHOICES = ('word_freq', 'tag_freq', 'public_clients', 'file:PATH')
 
@@ -18,24 +22,24 @@ def side_info_for_task(task, side_info: str, *, public_client_ids: Sequence[str]
                        initial_weights: Optional[Sequence[np.ndarray]] = None,
                        max_batches_per_client: Optional[int] = None,
                        file_kind: str = si.SCALES) -> si.SideInformation:
-  """Parses `--side_info` and builds the side information for `task`."""
+  """Parses `side_info` (a SIDE_INFO_CHOICES entry) and builds the side information for `task`."""
   keras_model = task.keras_model_fn()
   shapes = si.weight_shapes_of(keras_model)
   if side_info in ('word_freq', 'tag_freq'):
     attr, axis = ('word_counts', 0) if side_info == 'word_freq' else ('tag_counts', 1)
     counts = getattr(task, attr, None)
     if not counts:
-      raise UserInputError(f'--side_info={side_info} needs a task with public {attr} '
+      raise UserInputError(f'side_info={side_info} needs a task with public {attr} '
                            f'(StackOverflow); task {getattr(task, "name", task)!r} has none')
     try:
       return si.token_frequency_side_info(counts, shapes, axis=axis)
     except UserInputError as e:
       raise UserInputError(
-          f'--side_info={side_info} needs a model with one 2-D [words, tags] kernel (the '
+          f'side_info={side_info} needs a model with one 2-D [words, tags] kernel (the '
           f'stackoverflow_tag logistic regression); use public_clients or file:PATH ({e})') from e
   if side_info == 'public_clients':
     if not public_client_ids:
-      raise UserInputError('--side_info=public_clients needs --num_public_clients >= 1')
+      raise UserInputError('side_info=public_clients needs at least one public client id')
     if initial_weights is not None:
       keras_model.set_weights(list(initial_weights))
     datasets = (task.preprocess_train(task.train_data.create_tf_dataset_for_client(cid))
@@ -44,7 +48,7 @@ def side_info_for_task(task, side_info: str, *, public_client_ids: Sequence[str]
         keras_model, task.loss_fn(), datasets, max_batches_per_client=max_batches_per_client)
   if side_info.startswith('file:'):
     return si.load_side_info_file(side_info[len('file:'):], shapes, kind=file_kind)
-  raise UserInputError(f'--side_info must be one of {", ".join(SIDE_INFO_CHOICES)}, '
+  raise UserInputError(f'side_info must be one of {", ".join(SIDE_INFO_CHOICES)}, '
                        f'got {side_info!r}')
 
 
@@ -52,7 +56,7 @@ def scales_for_task(task, side_info: str, *, public_client_ids: Sequence[str] = 
                     cap: float = 1000.0, division: float = 1.0, eps: float = 1e-8,
                     preconditioner: str = 'auto', num_frequent: int = 100,
                     rare_scale: float = 200.0, **side_info_kwargs) -> list[np.ndarray]:
-  """`--side_info` + preconditioner hyperparameters -> per-weight scales for `task`."""
+  """`side_info` + preconditioner hyperparameters -> per-weight scales for `task`."""
   info = side_info_for_task(task, side_info, public_client_ids=public_client_ids,
                             **side_info_kwargs)
   return precond_lib.build_scales(info, preconditioner=preconditioner, cap=cap,
@@ -61,8 +65,7 @@ def scales_for_task(task, side_info: str, *, public_client_ids: Sequence[str] = 
 
 
 def client_optimizer(name: str, learning_rate: float, scales: Sequence[np.ndarray]):
-  """The `--client_optimizer` with AdaDPS preconditioned gradients (client-side AdaDPS)."""
-  from tff_dp.training import optimizers  # pylint: disable=g-import-not-at-top
+  """The client optimizer `name` with AdaDPS preconditioned gradients (client-side AdaDPS)."""
   return optimizer_lib.build_preconditioned(
       optimizers.build_optimizer(name, learning_rate), scales)
 
@@ -71,5 +74,4 @@ def server_aggregator(scales: Sequence[np.ndarray],
                       aggregator: Optional[tff.aggregators.UnweightedAggregationFactory],
                       unscale: bool = False):
   """Wraps the DP aggregator (None = TFF's unweighted mean) with server-side AdaDPS scaling."""
-  from tff_dp.aggregators import preconditioned  # pylint: disable=g-import-not-at-top
   return preconditioned.PreconditionedFactory(scales, aggregator, unscale=unscale)

@@ -1,0 +1,183 @@
+"""The import graph against the layers docs/ARCHITECTURE.md declares: no cycle, no upward arrow.
+
+Imports are read from the source (ast), function-level ones included, so nothing is imported
+here; the layer table is parsed from the `layers` block of docs/ARCHITECTURE.md.
+"""
+
+import ast
+import os
+import re
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_PACKAGES = ('tff_dp', 'tasks')
+_SCRIPTS = ('run_experiment.py', 'reproduce.py')
+
+
+def declared_layers(markdown: str) -> list[tuple[str, list[str]]]:
+  """[(layer name, [module prefixes])], top layer first, from the ```layers block."""
+  block = re.search(r'```layers\n(.*?)```', markdown, re.S)
+  if block is None:
+    raise ValueError('no ```layers block')
+  layers = []
+  for line in block.group(1).strip().splitlines():
+    name, _, prefixes = line.partition(':')
+    layers.append((name.strip(), prefixes.split()))
+  return layers
+
+
+def module_files(root: str) -> dict[str, str]:
+  """Dotted module name -> file, for the packages and the top-level scripts."""
+  files = {script[:-3]: os.path.join(root, script) for script in _SCRIPTS}
+  for package in _PACKAGES:
+    for dirpath, _, names in os.walk(os.path.join(root, package)):
+      for name in names:
+        if name.endswith('.py'):
+          dotted = os.path.relpath(os.path.join(dirpath, name), root)[:-3].replace(os.sep, '.')
+          files[dotted.removesuffix('.__init__')] = os.path.join(dirpath, name)
+  return files
+
+
+def imported_modules(source: str, module: str, is_package: bool, known: set) -> set[str]:
+  """Our modules that `source` (of `module`) imports, at any depth of the syntax tree."""
+  found = set()
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Import):
+      names = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ''
+      if node.level:   # Relative import: resolve against this module's package.
+        parts = module.split('.') if is_package else module.split('.')[:-1]
+        parts = parts[:len(parts) - node.level + 1]
+        base = '.'.join(parts + ([base] if base else []))
+      names = [f'{base}.{a.name}' if f'{base}.{a.name}' in known else base for a in node.names]
+    else:
+      continue
+    found.update(n for n in names if n in known or n.split('.')[0] in _PACKAGES)
+  return found
+
+
+def import_graph(root: str) -> dict[str, set[str]]:
+  files = module_files(root)
+  known = set(files)
+  graph = {}
+  for module, path in files.items():
+    with open(path, encoding='utf-8') as f:
+      graph[module] = imported_modules(f.read(), module, path.endswith('__init__.py'), known)
+  return graph
+
+
+def layer_of(module: str, layers) -> int:
+  """Index of the layer (0 = top) whose longest prefix matches `module`; -1 if none does."""
+  best, best_len = -1, -1
+  for index, (_, prefixes) in enumerate(layers):
+    for prefix in prefixes:
+      if (module == prefix or module.startswith(prefix + '.')) and len(prefix) > best_len:
+        best, best_len = index, len(prefix)
+  return best
+
+
+def violations(graph: dict[str, set[str]], layers) -> list[str]:
+  """Modules in no layer, arrows that point up the layer table, and import cycles."""
+  problems = [f'{m} is in no declared layer' for m in sorted(graph) if layer_of(m, layers) < 0]
+  for src in sorted(graph):
+    for dst in sorted(graph[src]):
+      s, d = layer_of(src, layers), layer_of(dst, layers)
+      if s >= 0 and d >= 0 and d < s:
+        problems.append(f'upward import: {src} ({layers[s][0]}) -> {dst} ({layers[d][0]})')
+  problems += [f'import cycle: {" -> ".join(c)}' for c in cycles(graph)]
+  return problems
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+  """One cycle (as a closed path) per strongly connected component with more than one module
+  or a self-import (Tarjan's algorithm, iterative)."""
+  index, low, on_stack, stack, found = {}, {}, set(), [], []
+  counter = 0
+  for start in sorted(graph):
+    if start in index:
+      continue
+    work = [(start, iter(sorted(graph.get(start, ()))))]
+    index[start] = low[start] = counter
+    counter += 1
+    stack.append(start)
+    on_stack.add(start)
+    while work:
+      node, children = work[-1]
+      child = next(children, None)
+      if child is not None:
+        if child not in graph:
+          continue
+        if child not in index:
+          index[child] = low[child] = counter
+          counter += 1
+          stack.append(child)
+          on_stack.add(child)
+          work.append((child, iter(sorted(graph.get(child, ())))))
+        elif child in on_stack:
+          low[node] = min(low[node], index[child])
+        continue
+      work.pop()
+      if work:
+        low[work[-1][0]] = min(low[work[-1][0]], low[node])
+      if low[node] == index[node]:
+        component = []
+        while True:
+          member = stack.pop()
+          on_stack.discard(member)
+          component.append(member)
+          if member == node:
+            break
+        if len(component) > 1 or node in graph.get(node, ()):
+          found.append(_closed_path(sorted(component), graph))
+  return found
+
+
+def _closed_path(component: list[str], graph) -> list[str]:
+  """A cycle through the component's first module, for the error message."""
+  members, start = set(component), component[0]
+  paths = {start: [start]}
+  frontier = [start]
+  while frontier:
+    nxt = []
+    for node in frontier:
+      for child in sorted(graph[node]):
+        if child == start:
+          return paths[node] + [start]
+        if child in members and child not in paths:
+          paths[child] = paths[node] + [child]
+          nxt.append(child)
+    frontier = nxt
+  return component
+
+
+def test_the_package_imports_only_downward_and_without_cycles():
+  with open(os.path.join(ROOT, 'docs', 'ARCHITECTURE.md'), encoding='utf-8') as f:
+    layers = declared_layers(f.read())
+  graph = import_graph(ROOT)
+  assert len(graph) > 50   # The walk found the package (not an empty tree that passes).
+  assert violations(graph, layers) == []
+
+
+_TOY_LAYERS = [('top', ['pkg.app']), ('middle', ['pkg.core']), ('bottom', ['pkg.util', 'pkg'])]
+
+
+@pytest.mark.parametrize('graph, expected', [
+    ({'pkg.app': {'pkg.core'}, 'pkg.core': {'pkg.util'}, 'pkg.util': set()}, []),
+    ({'pkg.app': set(), 'pkg.core': {'pkg.app'}, 'pkg.util': set()},
+     ['upward import: pkg.core (middle) -> pkg.app (top)']),
+    ({'pkg.core.a': {'pkg.core.b'}, 'pkg.core.b': {'pkg.core.c'}, 'pkg.core.c': {'pkg.core.a'}},
+     ['import cycle: pkg.core.a -> pkg.core.b -> pkg.core.c -> pkg.core.a']),
+    ({'other.x': set()}, ['other.x is in no declared layer']),
+])
+def test_the_checker_reports_upward_arrows_cycles_and_undeclared_modules(graph, expected):
+  assert violations(graph, _TOY_LAYERS) == expected
+
+
+def test_function_level_and_relative_imports_are_edges():
+  source = ('import os\nfrom pkg.core import a\n'
+            'def f():\n  from pkg.app import main  # lazy\n  from . import b\n')
+  known = {'pkg.core.a', 'pkg.app', 'pkg.core.b', 'pkg.core.c'}
+  assert imported_modules(source, 'pkg.core.c', False, known) == {'pkg.core.a', 'pkg.app',
+                                                                  'pkg.core.b'}

@@ -1,0 +1,49 @@
+"""What the quantile-estimated (adaptive) clips of flat, per-layer and joint clipping share.
+
+Andrew et al.'s clip update: the clip follows a DP estimate of the `target_unclipped_quantile`
+gamma of the update norms, by a geometric (C <- C exp(-eta (b - gamma))) or linear
+(C <- C - eta (b - gamma)) step on the noised unclipped fraction b. Here: the rules, the argument
+checks, the default clipped-count noise, and b recovered from two clips.
+"""
+
+import tensorflow as tf
+
+from tff_dp import noise_budget
+from tff_dp.errors import UserInputError
+
+UPDATE_RULES = ('geometric', 'linear')
+
+
+def check_adaptive_args(*, noise_multiplier, clients_per_round, initial_clip,
+                        target_unclipped_quantile, clip_learning_rate, update_rule):
+  """UserInputError for out-of-range adaptive-clipping settings."""
+  if update_rule not in UPDATE_RULES:
+    raise UserInputError(f'update rule must be geometric or linear, got {update_rule!r}')
+  if not 0 < target_unclipped_quantile < 1:
+    raise UserInputError('target_unclipped_quantile must be in (0, 1), got '
+                         f'{target_unclipped_quantile}')
+  if not initial_clip > 0:
+    raise UserInputError(f'initial clip must be positive, got {initial_clip}')
+  if not clip_learning_rate > 0:
+    raise UserInputError(f'clip_learning_rate must be positive, got {clip_learning_rate}')
+  if not clients_per_round > 0:
+    raise UserInputError(f'clients_per_round must be positive, got {clients_per_round}')
+  if not noise_multiplier >= 0:
+    raise UserInputError(f'noise_multiplier must be >= 0, got {noise_multiplier}')
+
+
+def resolve_count_stddev(noise_multiplier, clipped_count_stddev, clients_per_round):
+  """sigma_b: given, else m/20 with noise, else 0 (no noise anywhere, as TFF)."""
+  if noise_multiplier == 0 and clipped_count_stddev is None:
+    return 0.0
+  return noise_budget.resolve_clipped_count_stddev(clipped_count_stddev, clients_per_round)
+
+
+def unclipped_fraction(clip_used, next_clip, gamma, eta, geometric):
+  """The noised unclipped fraction b, recovered by inverting the clip update (it is not kept in
+  tfp's state). Exact (b is clamped to [0, 1] before the update) unless the step was clamped:
+  in a round where the estimate_floor.MIN_ESTIMATE floor binds, next_clip is above the
+  unclamped step, so the result understates b (it can fall below 0)."""
+  if geometric:
+    return gamma - tf.math.log(next_clip / clip_used) / eta
+  return gamma + (clip_used - next_clip) / eta
