@@ -351,6 +351,23 @@ def test_cli_curve_and_calibration(tmp_path, capsys):
   assert 'noise_multiplier=' in capsys.readouterr().out
 
 
+def test_cli_help_and_home_directory_paths(tmp_path, capsys, monkeypatch):
+  assert cli.main(['prog', '--help']) == 0
+  out = capsys.readouterr().out
+  assert all(f'--{f}' in out for f in ('ledger', 'delta', 'target_epsilon', 'population'))
+  monkeypatch.setenv('HOME', str(tmp_path))
+  _write(str(tmp_path / 'ledger.jsonl'), [_fixed_record(t) for t in range(1, 3)])
+  assert cli.main(['prog', '--ledger', '~/ledger.jsonl', '--delta', '1e-5']) == 0
+  assert capsys.readouterr().out.strip().split('\n')[-1].startswith('2,')
+
+
+def test_curve_progress_reports_each_pld_point_and_the_end():
+  calls = []
+  accountant.epsilon_curve([_fixed_record(t) for t in range(1, 8)], DELTA, pld_every=3,
+                           progress=lambda done, total: calls.append((done, total)))
+  assert calls == [(3, 7), (6, 7), (7, 7)]
+
+
 @pytest.mark.parametrize('argv', [
     ['--delta', '1e-5'],
     ['--ledger', 'missing.jsonl', '--delta', '1e-5'],

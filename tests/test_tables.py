@@ -182,3 +182,15 @@ def test_seeds_of_one_arm_are_shown_each_and_summarised(tmp_path, monkeypatch):
   assert legends['Accuracy vs round'] == ['fixed clip (seed 0)', 'fixed clip (seed 1)',
                                           'fixed clip 0.5']
   assert legends['Clip norm vs round'] == legends['Accuracy vs round']
+
+
+def test_cli_help_lists_the_flags_and_paths_expand_the_home_directory(tmp_path, capsys,
+                                                                      monkeypatch):
+  assert tables_cli.main(['prog', '--help']) == 0
+  out = capsys.readouterr().out
+  assert 'python -m tff_dp.tables' in out and all(f'--{f}' in out for f in
+                                                   ('runs', 'output_dir', 'delta', 'method'))
+  monkeypatch.setenv('HOME', str(tmp_path))
+  _write_run(str(tmp_path / 'r1'))
+  assert tables_cli.main(['prog', '--runs', '~/r1', '--output_dir=~/out']) == 0
+  assert (tmp_path / 'out' / 'results.md').exists()

@@ -1,4 +1,4 @@
-"""CLI: epsilon curve of a ledger, or noise calibration.
+r"""CLI: epsilon curve of a ledger, or noise calibration.
 
   python -m tff_dp.accounting --ledger RUN_DIR/ledger.jsonl --delta 1e-6 [--method both]
       prints CSV `round,epsilon_rdp,epsilon_pld` (one row per ledger record; PLD on every
@@ -16,6 +16,7 @@ import sys
 
 from absl import flags
 
+from tff_dp import cli_flags
 from tff_dp import errors
 
 FLAGS = flags.FlagValues()
@@ -55,9 +56,15 @@ def _curve() -> None:
   from tff_dp import ledger  # pylint: disable=g-import-not-at-top
   from tff_dp.accounting import accountant  # pylint: disable=g-import-not-at-top
   methods = ('rdp', 'pld') if FLAGS.method == 'both' else (FLAGS.method,)
-  records = ledger.read_ledger(FLAGS.ledger)
+  records = ledger.read_ledger(cli_flags.path(FLAGS.ledger))
+
+  def progress(done: int, total: int) -> None:   # On stderr: stdout is the CSV.
+    print(f'\raccounted {done}/{total} rounds', end='' if done < total else '\n',
+          file=sys.stderr, flush=True)
+
   curve = accountant.epsilon_curve(records, FLAGS.delta, methods, FLAGS.neighboring,
-                                   pld_every=FLAGS.pld_every)
+                                   pld_every=FLAGS.pld_every,
+                                   progress=progress if sys.stderr.isatty() else None)
   out = ['round,epsilon_rdp,epsilon_pld']
   out += [f'{p["round"]},{_fmt(p["epsilon_rdp"])},{_fmt(p["epsilon_pld"])}' for p in curve]
   print('\n'.join(out))
@@ -83,13 +90,8 @@ def _calibrate() -> None:
 
 def main(argv) -> int:
   try:
-    try:
-      FLAGS.unparse_flags()  # main() may run several times in one process (tests).
-      extra = FLAGS(argv)[1:]
-    except flags.Error as e:
-      raise errors.UserInputError(str(e)) from None
-    if extra:
-      raise errors.UserInputError(f'unexpected arguments {extra}')
+    if cli_flags.parse(FLAGS, argv, __doc__) == 0:
+      return 0
     if FLAGS.delta is None:
       raise errors.UserInputError('--delta is required.')
     if (FLAGS.ledger is None) == (FLAGS.target_epsilon is None):
@@ -100,8 +102,7 @@ def main(argv) -> int:
     else:
       _calibrate()
   except errors.UserInputError as e:
-    print(f'error: {" ".join(str(e).split())}', file=sys.stderr)
-    return 2
+    return cli_flags.report(e)
   return 0
 
 

@@ -54,7 +54,7 @@ import collections
 import copy
 import decimal
 import math
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import dp_accounting
 import numpy as np
@@ -364,6 +364,7 @@ def epsilon_curve(records: Sequence[ledger.RoundRecord], delta: float,
                   methods: Sequence[str] = METHODS,
                   neighboring_relation: str = 'add_remove',
                   pld_every: Optional[int] = None,
+                  progress: Optional[Callable[[int, int], None]] = None,
                   **accountant_kwargs) -> List[Dict[str, Optional[float]]]:
   """Epsilon after each record: [dict(round, epsilon_rdp, epsilon_pld), ...] in file order.
 
@@ -371,6 +372,7 @@ def epsilon_curve(records: Sequence[ledger.RoundRecord], delta: float,
   after the last one (None elsewhere); `pld_every=None` picks it so that about
   DEFAULT_PLD_POINTS (20) PLD evaluations are made, since each costs ~0.1-1 s.
   Duplicate round numbers (rounds re-executed after a resume) are all composed.
+  `progress(done, total)`, if given, is called after each PLD evaluation and at the end.
   """
   acc = LedgerAccountant(delta, methods, neighboring_relation, **accountant_kwargs)
   n = len(records)
@@ -384,6 +386,8 @@ def epsilon_curve(records: Sequence[ledger.RoundRecord], delta: float,
     eps_pld = None
     if 'pld' in acc.methods and ((i + 1) % pld_every == 0 or i == n - 1):
       eps_pld = acc.epsilon_pld()
+      if progress is not None:
+        progress(i + 1, n)
     curve.append({
         'round': record.round_num,
         'epsilon_rdp': acc.epsilon_rdp() if 'rdp' in acc.methods else None,

@@ -13,6 +13,7 @@ import sys
 
 from absl import flags
 
+from tff_dp import cli_flags
 from tff_dp import errors
 
 FLAGS = flags.FlagValues()
@@ -45,22 +46,18 @@ def _expand_runs(argv: list[str]) -> list[str]:
 
 
 def main(argv) -> int:
-  from tff_dp import tables  # pylint: disable=g-import-not-at-top
   try:
-    try:
-      FLAGS.unparse_flags()
-      extra = FLAGS(_expand_runs(list(argv)))[1:]
-    except flags.Error as e:
-      raise errors.UserInputError(str(e)) from None
-    if extra:
-      raise errors.UserInputError(f'unexpected arguments {extra}')
+    if cli_flags.parse(FLAGS, _expand_runs(list(argv)), __doc__) == 0:
+      return 0
+    # After parsing: --help and flag errors answer without importing matplotlib and TF.
+    from tff_dp import tables  # pylint: disable=g-import-not-at-top
     if not FLAGS.runs:
       raise errors.UserInputError('--runs needs at least one run directory')
-    out = tables.build_tables(FLAGS.runs, FLAGS.output_dir, delta=FLAGS.delta,
+    out = tables.build_tables([cli_flags.path(r) for r in FLAGS.runs],
+                              cli_flags.path(FLAGS.output_dir), delta=FLAGS.delta,
                               method=FLAGS.method)
   except errors.UserInputError as e:
-    print(f'error: {" ".join(str(e).split())}', file=sys.stderr)
-    return 2
+    return cli_flags.report(e)
   print(f'wrote {out["table"]} and {len(out["plots"])} plots')
   return 0
 

@@ -1,0 +1,47 @@
+"""Parsing for the package's small command lines (`python -m tff_dp.accounting`, `.tables`).
+
+They parse their own `absl.flags.FlagValues` instead of `absl.app.run` (which would own the
+process, parse the global FLAGS and offer no way to report bad input as one `error:` line with
+exit code 2), so `--help` is handled here: the module's usage text and every flag with its help.
+"""
+
+import os
+import sys
+from typing import Optional
+
+from absl import flags
+
+from tff_dp import errors
+
+HELP_FLAGS = ('--help', '-h', '--helpshort', '--helpfull', '-?')
+
+
+def parse(flag_values: flags.FlagValues, argv: list[str], usage: str) -> Optional[int]:
+  """Parses `argv` into `flag_values`; returns 0 after printing help if it was asked for.
+
+  Raises UserInputError for an unknown flag, a bad value or a stray positional argument.
+  """
+  if any(a in HELP_FLAGS for a in argv[1:]):
+    lines = flag_values.get_help(include_special_flags=False).splitlines()
+    flag_help = '\n'.join(l for l in lines if not l.endswith('.py:'))   # Drop module headers.
+    print(f'{usage.strip()}\n\nflags:\n{flag_help.strip(chr(10))}')
+    return 0
+  try:
+    flag_values.unparse_flags()   # main() may run several times in one process (tests).
+    extra = flag_values(argv)[1:]
+  except flags.Error as e:
+    raise errors.UserInputError(str(e)) from None
+  if extra:
+    raise errors.UserInputError(f'unexpected arguments {extra}')
+  return None
+
+
+def path(value: Optional[str]) -> Optional[str]:
+  """A path as the user typed it, with `~` expanded (shells leave `--flag=~/x` alone)."""
+  return None if value is None else os.path.expanduser(value)
+
+
+def report(error: Exception) -> int:
+  """Prints the one `error:` line for bad input and returns the exit code 2."""
+  print(f'error: {" ".join(str(error).split())}', file=sys.stderr)
+  return 2
