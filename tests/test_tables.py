@@ -194,3 +194,16 @@ def test_cli_help_lists_the_flags_and_paths_expand_the_home_directory(tmp_path, 
   _write_run(str(tmp_path / 'r1'))
   assert tables_cli.main(['prog', '--runs', '~/r1', '--output_dir=~/out']) == 0
   assert (tmp_path / 'out' / 'results.md').exists()
+
+
+def test_table_plots_name_delta_and_accountant_on_epsilon_axes(tmp_path, monkeypatch):
+  _write_run(str(tmp_path / 'r1'))
+  figures = []
+  monkeypatch.setattr(plots.plt, 'close', figures.append)
+  out = tables.build_tables([str(tmp_path / 'r1')], str(tmp_path / 'out'), method='pld')
+  axes = {os.path.basename(p): f.axes[0] for p, f in zip(out['plots'], figures)}
+  delta = out['results'][0].delta
+  label = f'epsilon at delta = {delta:.3g}\n(PLD accountant)'
+  assert [a.get_ylabel() for n, a in axes.items() if n.endswith('epsilon_vs_round.png')] == [label]
+  assert [a.get_xlabel() for n, a in axes.items() if n.endswith('accuracy_vs_epsilon.png')] == [
+      label]

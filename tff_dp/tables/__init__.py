@@ -25,7 +25,7 @@ def build_tables(run_dirs: Sequence[str], output_dir: str, *, delta: Optional[fl
   text = markdown.render(results, preamble=preamble)
   pngs = []
   for title, group in markdown.group_by_table(results).items():
-    pngs += plots.write_plots(group, output_dir, plots.slug(title))
+    pngs += plots.write_plots(group, output_dir, plots.slug(title), accountant=method)
   text += '\n## Plots\n\n' + '\n'.join(
       f'![{os.path.basename(p)}]({os.path.basename(p)})' for p in pngs) + '\n'
   atomic_write.write_text(table_path, text)

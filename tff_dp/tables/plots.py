@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-t
 
 from tff_dp.tables.run_results import RunResult  # noqa: E402
 from tff_dp.training import metrics_file  # noqa: E402
+from tff_dp.training import plots as run_plots  # noqa: E402
 
 # Model variants evaluated in a run: the last iterate and the checkpoint aggregates.
 _VARIANTS = (('eval_accuracy', '', '-'), ('eval_ema_accuracy', ' (EMA)', '--'),
@@ -43,8 +44,18 @@ def _clip_columns(r: RunResult) -> list[str]:
   return sorted(k for k in r.curve if metrics_file.is_clip_column(k))
 
 
-def write_plots(results: Sequence[RunResult], out_dir: str, prefix: str) -> list[str]:
-  """Writes PREFIX_{accuracy_vs_round,clip_vs_round,epsilon_vs_round,accuracy_vs_epsilon}.png."""
+def _epsilon_label(results: Sequence[RunResult], accountant: str) -> str:
+  """The epsilon axis: one delta if all runs share it (else each legend entry names its own)."""
+  deltas = {r.delta for r in results if r.epsilon_curve}
+  return run_plots.epsilon_axis_label(deltas.pop() if len(deltas) == 1 else None,
+                                      [accountant.upper()])
+
+
+def write_plots(results: Sequence[RunResult], out_dir: str, prefix: str, *,
+                accountant: str = 'rdp') -> list[str]:
+  """Writes PREFIX_{accuracy_vs_round,clip_vs_round,epsilon_vs_round,accuracy_vs_epsilon}.png.
+
+  `accountant` ('rdp' or 'pld'): the one the epsilon curves were replayed with."""
   os.makedirs(out_dir, exist_ok=True)
   written = []
   labels = series_labels(results)
@@ -68,11 +79,11 @@ def write_plots(results: Sequence[RunResult], out_dir: str, prefix: str) -> list
   save(fig, ax, 'accuracy_vs_round', 'Accuracy vs round')
 
   fig, ax = plt.subplots(figsize=(6.5, 4))
-  log_scale = True
+  clip_values = []
   for r, label in zip(results, labels):
     cols = _clip_columns(r)
     if len(cols) == 1:
-      ax.plot(*zip(*r.curve[cols[0]]), label=label)
+      ax.plot(*zip(*r.curve[cols[0]]), marker='.', label=label)
     elif cols:  # Per-layer / joint: one line per group would swamp the plot; show the range.
       by_round = {}
       for c in cols:
@@ -83,17 +94,17 @@ def write_plots(results: Sequence[RunResult], out_dir: str, prefix: str) -> list
                       label=f'{label} (mean of {len(cols)})')
       ax.fill_between(rounds, [min(by_round[x]) for x in rounds],
                       [max(by_round[x]) for x in rounds], alpha=0.2, color=line.get_color())
-    log_scale &= all(v > 0 for c in cols for _, v in r.curve[c])
-  if log_scale and ax.lines:
-    ax.set_yscale('log')
-  ax.set(xlabel='round', ylabel='clip norm')
+    clip_values += [v for c in cols for _, v in r.curve[c]]
+  if ax.lines:
+    run_plots.readable_log_axis(ax, clip_values)
+  ax.set(xlabel='round', ylabel='clip norm (L2)')
   save(fig, ax, 'clip_vs_round', 'Clip norm vs round')
 
   fig, ax = plt.subplots(figsize=(6.5, 4))
   for r, label in zip(results, labels):
     if r.epsilon_curve:
-      ax.plot(*zip(*r.epsilon_curve), label=f'{label} (delta={r.delta:.0e})')
-  ax.set(xlabel='round', ylabel='epsilon')
+      ax.plot(*zip(*r.epsilon_curve), marker='.', label=f'{label} (delta={r.delta:.3g})')
+  ax.set(xlabel='round', ylabel=_epsilon_label(results, accountant))
   save(fig, ax, 'epsilon_vs_round', 'Epsilon vs round (replayed from each ledger)')
 
   fig, ax = plt.subplots(figsize=(6.5, 4))
@@ -103,6 +114,6 @@ def write_plots(results: Sequence[RunResult], out_dir: str, prefix: str) -> list
       pts = [(eps_at[rnd], v) for rnd, v in r.curve.get(col, []) if rnd in eps_at]
       if pts:
         ax.plot(*zip(*pts), style, marker='.', label=label + suffix)
-  ax.set(xlabel='epsilon', ylabel='eval accuracy')
+  ax.set(xlabel=_epsilon_label(results, accountant), ylabel='eval accuracy')
   save(fig, ax, 'accuracy_vs_epsilon', 'Accuracy vs epsilon across runs')
   return written

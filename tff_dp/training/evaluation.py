@@ -27,6 +27,11 @@ class CentralizedEvaluator:
     """Size of the model's last output axis (number of classes / vocabulary)."""
     return int(self._model.output_shape[-1])
 
+  @property
+  def trainable_weight_names(self) -> list[str]:
+    """Names of the model's trainable weights, in the order of the flat model weights."""
+    return [v.name.split(':')[0] for v in self._model.trainable_variables]
+
   def _assign(self, flat_weights: Sequence[np.ndarray]) -> None:
     variables = list(self._model.trainable_weights) + list(self._model.non_trainable_weights)
     if len(variables) != len(flat_weights):

@@ -374,17 +374,16 @@ def _build_and_run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSigna
   client_optimizer = optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate)
   server_optimizer = optimizers.build_optimizer(
       cfg.server_optimizer, cfg.server_learning_rate, momentum=cfg.server_momentum)
-  aggregator = build_aggregator(cfg)
+  aggregator = dp_factory = build_aggregator(cfg)
   if cfg.precondition != 'none':
-    scales = adadps_setup.scales_for_task(task, cfg.side_info, public_client_ids=public_ids,
-                                    cap=cfg.precondition_cap,
-                                    division=cfg.precondition_division, eps=cfg.precondition_eps,
-                                    preconditioner=cfg.preconditioner,
-                                    num_frequent=cfg.precondition_num_frequent,
-                                    rare_scale=cfg.precondition_rare_scale)
+    scales = adadps_setup.scales_for_task(
+        task, cfg.side_info, public_client_ids=public_ids, cap=cfg.precondition_cap,
+        division=cfg.precondition_division, eps=cfg.precondition_eps,
+        preconditioner=cfg.preconditioner, num_frequent=cfg.precondition_num_frequent,
+        rare_scale=cfg.precondition_rare_scale)
     if cfg.precondition == 'client':
-      client_optimizer = adadps_setup.client_optimizer(cfg.client_optimizer, cfg.client_learning_rate,
-                                                 scales)
+      client_optimizer = adadps_setup.client_optimizer(
+          cfg.client_optimizer, cfg.client_learning_rate, scales)
     else:
       aggregator = adadps_setup.server_aggregator(scales, aggregator)
 
@@ -420,6 +419,7 @@ def _build_and_run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSigna
       _eval_dataset(task, cfg.max_eval_examples, cfg.seed))
   # Integer labels/tokens must index the model's outputs (checked once per client).
   max_index = evaluator.output_dim
+  clip_group_labels = _clip_group_labels(dp_factory, evaluator.trainable_weight_names)
   aggregates, train_policy = _checkpoint_aggregation(cfg)
   stop.raise_if_received('during start-up')
 
@@ -440,7 +440,7 @@ def _build_and_run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSigna
       client_dataset_fn=_client_dataset_fn(task),
       evaluator=evaluator, ledger=ledger, accountant=accountant,
       aggregates=aggregates, train_on_aggregate=train_policy, log=log,
-      planned_queries=planned_queries,
+      planned_queries=planned_queries, clip_group_labels=clip_group_labels,
       check_client_fn=lambda ds: client_data.check_client_dataset(ds, max_index))
   loop_config = loop.LoopConfig(
       total_rounds=cfg.total_rounds, rounds_per_eval=cfg.rounds_per_eval,
@@ -454,6 +454,15 @@ def _build_and_run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSigna
   summary = loop.run_training(loop_config, components, stop)
   summary['run_dir'] = run_dir.path
   return summary
+
+
+def _clip_group_labels(dp_factory, weight_names: list[str]) -> dict[str, str]:
+  """'group_g' -> the names of its weights, for per-group (per-layer, joint) clip factories.
+
+  Their `groups` (flat weight indices per group) are set when the process was built."""
+  groups = getattr(dp_factory, 'groups', None) or []
+  return {f'group_{g}': ', '.join(weight_names[i] for i in members)
+          for g, members in enumerate(groups) if all(i < len(weight_names) for i in members)}
 
 
 def _client_dataset_fn(task):

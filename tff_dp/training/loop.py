@@ -57,6 +57,8 @@ class LoopComponents:
   log: Callable[[str], None] = print
   # dataset -> reason it cannot be trained on, or None (see client_data.check_client_dataset).
   check_client_fn: Optional[Callable[[Any], Optional[str]]] = None
+  # Per-group clip factories: 'group_g' -> the names of its weights (labels in the clip plot).
+  clip_group_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _flatten(prefix: str, value, out: dict) -> None:
@@ -178,7 +180,8 @@ def run_training(config: LoopConfig, c: LoopComponents,
   with _writing('the final report', c.run_dir.path):
     if config.uncertainty_last_k and c.evaluator is not None and len(recent) >= 2:
       summary['uncertainty'] = _write_uncertainty(c, list(recent))
-    plots.write_run_plots(c.run_dir.file('metrics.csv'), c.run_dir.file('plots'))
+    plots.write_run_plots(c.run_dir.file('metrics.csv'), c.run_dir.file('plots'),
+                          delta=config.delta, clip_group_labels=c.clip_group_labels)
     summary['privacy'] = _privacy_statement(config, c, round_num)
     # Marks a run that ended normally (tools such as reproduce.py skip finished runs).
     c.run_dir.write_json('summary.json', {

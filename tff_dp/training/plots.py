@@ -1,12 +1,18 @@
-"""PNG plots written by every run: epsilon vs round, clip norm(s) vs round, accuracy vs epsilon."""
+"""PNG plots written by every run: epsilon vs round, clip norm(s) vs round, accuracy vs epsilon.
+
+Every epsilon axis states the delta and the accountant; every curve has markers, so a run of
+one round still shows its point.
+"""
 
 import math
 import os
+from typing import Mapping, Optional, Sequence
 
 import matplotlib
 
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-top
+from matplotlib import ticker  # noqa: E402  pylint: disable=g-import-not-at-top
 
 from tff_dp.training import metrics_file  # noqa: E402
 
@@ -24,8 +30,52 @@ def _finite_pairs(xs, ys):
   return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def write_run_plots(metrics_csv: str, out_dir: str) -> list[str]:
-  """Writes the standard plots for a run's metrics CSV; returns the paths written."""
+_ACCOUNTANTS = {'epsilon_rdp': 'RDP', 'epsilon_pld': 'PLD'}
+
+
+def epsilon_axis_label(delta: Optional[float], accountants: Sequence[str]) -> str:
+  """'epsilon at delta = 1e-05\n(RDP accountant)': what an epsilon axis must say to be
+  checkable (delta None: runs differ in delta, and each legend entry names its own)."""
+  at = f' at delta = {delta:.3g}' if delta is not None else ''
+  return f'epsilon{at}\n({" / ".join(accountants)} accountant)'
+
+
+def readable_log_axis(ax, values) -> None:
+  """Log scale with plain-number ticks (1-2-5 per decade) when the values span more than a
+  factor of 3; a linear axis without offset notation otherwise (a log axis inside one decade
+  can show no labelled tick at all)."""
+  values = [v for v in values if v > 0 and math.isfinite(v)]
+  if values and max(values) / min(values) > 3:
+    ax.set_yscale('log')
+    ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f'{v:g}'))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+  else:
+    ax.yaxis.set_major_formatter(ticker.ScalarFormatter(useOffset=False))
+
+
+def _round_axis(ax, rounds) -> None:
+  """Integer round ticks, with room around a single round (else matplotlib spans +-5%)."""
+  finite = [r for r in rounds if math.isfinite(r)]
+  if finite and min(finite) == max(finite):
+    ax.set_xlim(finite[0] - 1, finite[0] + 1)
+  ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+
+
+def _clip_label(column: str, group_labels: Mapping[str, str]) -> str:
+  label = column.replace('aggregator/', '').replace('privacy_queries/', '').replace(
+      '/l2_norm_clip', '')
+  group = label.rsplit('/', 1)[-1]
+  return f'{group}: {group_labels[group]}' if group in group_labels else label
+
+
+def write_run_plots(metrics_csv: str, out_dir: str, *, delta: Optional[float] = None,
+                    clip_group_labels: Optional[Mapping[str, str]] = None) -> list[str]:
+  """Writes the standard plots for a run's metrics CSV; returns the paths written.
+
+  `delta`: the delta of the epsilon columns (named on the axis). `clip_group_labels`:
+  'group_g' -> the names of its weights, for per-group clip curves.
+  """
   if not os.path.exists(metrics_csv):
     return []
   cols = _read_columns(metrics_csv)
@@ -44,8 +94,12 @@ def write_run_plots(metrics_csv: str, out_dir: str) -> list[str]:
   if eps_cols:
     fig, ax = plt.subplots(figsize=(6, 4))
     for k in eps_cols:
-      ax.plot(*_finite_pairs(rounds, cols[k]), label=k.replace('epsilon_', '').upper())
-    ax.set(xlabel='round', ylabel='epsilon', title='Privacy spent (from the ledger)')
+      ax.plot(*_finite_pairs(rounds, cols[k]), marker='o', markersize=3,
+              label=f'{_ACCOUNTANTS[k]} accountant')
+    ax.set(xlabel='round', ylabel=epsilon_axis_label(delta, [_ACCOUNTANTS[k] for k in eps_cols]),
+           title='Privacy spent (accounted from the ledger)')
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.08)   # From zero, with room above the last point.
+    _round_axis(ax, rounds)
     ax.legend()
     save(fig, 'epsilon_vs_round.png')
 
@@ -53,13 +107,12 @@ def write_run_plots(metrics_csv: str, out_dir: str) -> list[str]:
   if clip_cols:
     fig, ax = plt.subplots(figsize=(6, 4))
     for k in clip_cols[:20]:
-      label = k.replace('aggregator/', '').replace('privacy_queries/', '').replace(
-          '/l2_norm_clip', '')
-      ax.plot(*_finite_pairs(rounds, cols[k]), label=label)
-    ax.set(xlabel='round', ylabel='clip norm', title='Clip norm per round')
-    if min(min(v for v in cols[k] if not math.isnan(v)) for k in clip_cols) > 0:
-      ax.set_yscale('log')
-    ax.legend(fontsize='small')
+      ax.plot(*_finite_pairs(rounds, cols[k]), marker='o', markersize=2,
+              label=_clip_label(k, clip_group_labels or {}))
+    ax.set(xlabel='round', ylabel='clip norm (L2)', title='Clip norm used in each round')
+    _round_axis(ax, rounds)
+    readable_log_axis(ax, [v for k in clip_cols for v in cols[k]])
+    ax.legend(fontsize='x-small' if len(clip_cols) > 4 else 'small')
     save(fig, 'clip_vs_round.png')
 
   acc_cols = sorted(k for k in cols if k.startswith('eval_') and k.endswith('accuracy'))
@@ -69,7 +122,8 @@ def write_run_plots(metrics_csv: str, out_dir: str) -> list[str]:
     for k in acc_cols:
       label = k.replace('eval_', '').replace('_accuracy', '').replace('accuracy', 'last iterate')
       ax.plot(*_finite_pairs(cols[xname], cols[k]), marker='.', label=label)
-    ax.set(xlabel='epsilon' if eps_cols else 'round', ylabel='eval accuracy',
+    ax.set(xlabel=(epsilon_axis_label(delta, [_ACCOUNTANTS[xname]]) if eps_cols else 'round'),
+           ylabel='eval accuracy',
            title='Accuracy vs privacy' if eps_cols else 'Accuracy vs round')
     ax.legend(fontsize='small')
     save(fig, 'accuracy_vs_epsilon.png' if eps_cols else 'accuracy_vs_round.png')

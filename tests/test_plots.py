@@ -1,0 +1,88 @@
+"""Run plots say what their axes are: delta and accountant on epsilon, readable clip ticks,
+layer names on per-group clips, and a visible point for a one-round run."""
+
+import csv
+
+import pytest
+
+from tff_dp.training import plots
+
+_CLIP = 'aggregator/privacy_queries/update/{}/l2_norm_clip'
+
+
+def _write_csv(path, rows):
+  keys = sorted({k for r in rows for k in r})
+  with open(path, 'w', newline='') as f:
+    writer = csv.DictWriter(f, fieldnames=keys)
+    writer.writeheader()
+    writer.writerows(rows)
+  return str(path)
+
+
+@pytest.fixture
+def figures(monkeypatch):
+  kept = []
+  monkeypatch.setattr(plots.plt, 'close', kept.append)   # Keep the figures to read.
+  return kept
+
+
+def _axes_by_file(figures, written):
+  return {p.rsplit('/', 1)[-1]: f.axes[0] for p, f in zip(written, figures)}
+
+
+def test_one_round_run_names_delta_and_accountant_and_shows_its_point(tmp_path, figures):
+  csv_path = _write_csv(tmp_path / 'm.csv', [
+      {'round': 1, 'epsilon_rdp': 0.8, 'epsilon_pld': 0.6, 'eval_accuracy': 0.3,
+       _CLIP.format('group_0'): 0.1}])
+  written = plots.write_run_plots(csv_path, str(tmp_path / 'plots'), delta=1e-5)
+  axes = _axes_by_file(figures, written)
+  eps = axes['epsilon_vs_round.png']
+  assert eps.get_ylabel() == 'epsilon at delta = 1e-05\n(RDP / PLD accountant)'
+  assert [line.get_label() for line in eps.lines] == ['RDP accountant', 'PLD accountant']
+  assert all(len(line.get_xdata()) == 1 and line.get_marker() not in ('None', '', None)
+             for line in eps.lines)
+  assert (axes['accuracy_vs_epsilon.png'].get_xlabel()
+          == 'epsilon at delta = 1e-05\n(RDP accountant)')
+
+
+def _tick_labels(ax, figure):
+  figure.canvas.draw()
+  low, high = ax.get_ylim()
+  return [t.get_text() for t in ax.get_yticklabels()
+          if low <= t.get_position()[1] <= high and t.get_text()]
+
+
+@pytest.mark.parametrize('low, high, scale', [(0.1, 0.12, 'linear'), (0.013, 0.019, 'linear'),
+                                              (0.02, 40.0, 'log'), (3e-4, 2e-3, 'log')])
+def test_clip_axis_has_readable_ticks_at_any_range(tmp_path, figures, low, high, scale):
+  rows = [{'round': r, _CLIP.format('group_0'): low + (high - low) * r / 9} for r in range(10)]
+  written = plots.write_run_plots(_write_csv(tmp_path / 'm.csv', rows), str(tmp_path / 'p'))
+  ax = _axes_by_file(figures, written)['clip_vs_round.png']
+  assert ax.get_yscale() == scale
+  labels = _tick_labels(ax, figures[written.index(str(tmp_path / 'p' / 'clip_vs_round.png'))])
+  assert len(labels) >= 2
+  # Plain numbers (no 10^k mathtext, no offset/scientific notation hiding the values).
+  assert all('$' not in t and 'e' not in t.lower() for t in labels), labels
+  assert ax.yaxis.get_offset_text().get_text() == ''
+
+
+def test_per_group_clips_are_labelled_with_their_layer_names(tmp_path, figures):
+  rows = [{'round': r, _CLIP.format('group_0'): 0.1, _CLIP.format('group_1'): 0.5}
+          for r in (1, 2)]
+  written = plots.write_run_plots(
+      _write_csv(tmp_path / 'm.csv', rows), str(tmp_path / 'p'),
+      clip_group_labels={'group_0': 'dense/kernel, dense/bias', 'group_1': 'out/kernel'})
+  ax = _axes_by_file(figures, written)['clip_vs_round.png']
+  assert [line.get_label() for line in ax.lines] == ['group_0: dense/kernel, dense/bias',
+                                                     'group_1: out/kernel']
+
+
+def test_one_round_gets_integer_round_ticks_around_it(tmp_path, figures):
+  csv_path = _write_csv(tmp_path / 'm.csv', [{'round': 1, 'epsilon_rdp': 0.8}])
+  written = plots.write_run_plots(csv_path, str(tmp_path / 'plots'), delta=1e-5)
+  ax = _axes_by_file(figures, written)['epsilon_vs_round.png']
+  figures[0].canvas.draw()
+  low, high = ax.get_xlim()
+  ticks = [t for t in ax.get_xticks() if low <= t <= high]
+  assert low < 1 < high and 1 in ticks and all(float(t).is_integer() for t in ticks)
+  assert ax.get_ylim()[0] == 0
