@@ -57,6 +57,9 @@ class LoopComponents:
   log: Callable[[str], None] = print
   # dataset -> reason it cannot be trained on, or None (see client_data.check_client_dataset).
   check_client_fn: Optional[Callable[[Any], Optional[str]]] = None
+  # (client id, checked dataset) -> what `process.next` receives for an accepted client; None:
+  # the dataset. The id when `process` builds the datasets on the workers.
+  client_value_fn: Optional[Callable[[Any, Any], Any]] = None
 
 
 def _flatten(prefix: str, value, out: dict) -> None:
@@ -160,7 +163,7 @@ def run_training(config: LoopConfig, c: LoopComponents,
                              'rounds_completed': start_round - 1}
   client_data = client_data_lib.ClientDatasets(
       c.client_dataset_fn, config.client_cache_size, config.prefetch_clients,
-      check_fn=c.check_client_fn)
+      check_fn=c.check_client_fn, value_fn=c.client_value_fn)
   progress = _Progress(round_num=start_round - 1, state=state, recent=recent,
                        checkpointed=start_round - 1)
   with contextlib.ExitStack() as stack:
