@@ -149,3 +149,28 @@ def test_task_without_a_dataset_computation_is_a_user_error():
     name = 'plain'
   with pytest.raises(UserInputError, match='--datasets_on_workers'):
     experiment._with_datasets_on_workers(object(), Task())  # pylint: disable=protected-access
+
+
+@pytest.mark.slow
+def test_cli_ids_on_a_remote_worker_match_the_local_datasets_run(tmp_path):
+  """--datasets_on_workers through `--workers` (TFF's mergeable context over a loopback
+  worker): the same metrics as the local run that serializes datasets."""
+  # pylint: disable=g-import-not-at-top
+  import portpicker
+  import test_distributed as td
+  from run_helpers import metrics_rows
+  worker = td.Worker(portpicker.pick_unused_port()).start()
+  try:
+    common = td._FLAGS + [f'--root_output_dir={tmp_path}', '--total_rounds=2']
+    code, _, err = td._run(common + ['--experiment_name=local'])
+    assert code == 0, err[-2000:]
+    code, _, err = td._run(common + ['--experiment_name=ids', '--datasets_on_workers',
+                                     f'--workers=127.0.0.1:{worker.port}'])
+    assert code == 0, err[-2000:]
+  finally:
+    worker.stop()
+  with open(tmp_path / 'ids' / 'config.json') as f:
+    assert json.load(f)['datasets_on_workers'] is True
+  td._assert_same_training(metrics_rows(tmp_path / 'local'), metrics_rows(tmp_path / 'ids'))
+  assert (ledger_lib.read_ledger(str(tmp_path / 'local' / 'ledger.jsonl'))
+          == ledger_lib.read_ledger(str(tmp_path / 'ids' / 'ledger.jsonl')))
