@@ -32,7 +32,7 @@ demo: setup
 	$(PY) run_experiment.py $(DEMO_FLAGS)
 
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=10 tests
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" tests

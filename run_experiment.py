@@ -87,6 +87,12 @@ _LOOP_IMPLEMENTATION = flags.DEFINE_string(
     'How TFF runs a client\'s pass over its batches: dataset_iterator (a loop over the '
     'dataset\'s iterator, the fastest on CPU) or dataset_reduce (one DatasetReduce op, TFF\'s '
     'default, needed on TPUs). Same steps, same model.')
+_DATASETS_ON_WORKERS = flags.DEFINE_bool(
+    'datasets_on_workers', False,
+    'Build each sampled client\'s dataset on the TFF worker from its client id (TFF\'s dataset '
+    'computation composed into the learning process): a round sends ids instead of serialized '
+    'datasets. Every worker must have the task\'s data at the same --data_dir path. Same '
+    'results; the coordinator still reads each new client once to check its data.')
 _MAX_CONCURRENT = flags.DEFINE_integer(
     'max_concurrent_computation_calls', -1,
     'Clients the TFF C++ worker trains concurrently (<= 0: all of a round\'s clients at once, '
@@ -273,6 +279,7 @@ def _config():
       max_eval_examples=_MAX_EVAL_EXAMPLES.value,
       client_cache_size=_CLIENT_CACHE_SIZE.value, prefetch_clients=_PREFETCH_CLIENTS.value,
       loop_implementation=_LOOP_IMPLEMENTATION.value,
+      datasets_on_workers=_DATASETS_ON_WORKERS.value,
       client_optimizer=_CLIENT_OPT.value, client_learning_rate=_CLIENT_LR.value,
       server_optimizer=_SERVER_OPT.value, server_learning_rate=_SERVER_LR.value,
       server_momentum=_SERVER_MOMENTUM.value,

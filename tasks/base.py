@@ -33,6 +33,32 @@ class FederatedTask:
                        input_signature=[tf.TensorSpec([], tf.string)])
 
   @functools.cached_property
+  def train_dataset_computation(self):
+    """`tff.Computation` (tf.string -> preprocessed training dataset): TFF's
+    `ClientData.dataset_computation` with `preprocess_train` inside, for
+    `tff.simulation.compose_dataset_computation_with_learning_process` (datasets built on the
+    workers from client ids).
+
+    The id reaches SQL only hex-encoded by graph ops (`tasks.sql_client_data`): TFF's own
+    `SqlClientData.dataset_computation` would paste the id tensor into the query text
+    (`tf.strings.join`), so an id holding `'` selects other clients' rows. Same elements as
+    `train_dataset_for_client`: the computation is traced in a fresh graph, whose seed is set
+    to the global seed in force now, so the seeded shuffles draw the same orders as in the
+    eager / `tf.function` pipeline (a `tf.function` graph inherits the global seed).
+    """
+    if not self.traceable_train_data:
+      raise ValueError(f'task {self.name!r} cannot read a client from a traced id')
+    read = self.train_data.serializable_dataset_fn
+    graph_seed = tf.compat.v1.get_seed(0)[0]   # (global seed or TF's default graph seed, 0)
+
+    @tff.tensorflow.computation(tf.string)
+    def dataset_computation(client_id):
+      tf.compat.v1.set_random_seed(graph_seed)
+      return self.preprocess_train(read(client_id))
+
+    return dataset_computation
+
+  @functools.cached_property
   def _train_client_ids(self) -> frozenset:
     return frozenset(self.train_data.client_ids)
 

@@ -134,8 +134,10 @@ class _FailFastStub(tff.framework.RemoteExecutorGrpcStub):
 
 
 def _worker_context(address: str, unavailable_timeout: float, rpc_timeout: Optional[float],
-                    connect_timeout: float):
+                    connect_timeout: float, interceptors: Sequence = ()):
   channel = grpc.insecure_channel(address, _CHANNEL_OPTIONS)
+  if interceptors:
+    channel = grpc.intercept_channel(channel, *interceptors)
   if rpc_timeout:
     channel = grpc.intercept_channel(channel, _DeadlineInterceptor(rpc_timeout))
   stub = _FailFastStub(channel, address, unavailable_timeout)
@@ -165,13 +167,18 @@ def _worker_context(address: str, unavailable_timeout: float, rpc_timeout: Optio
 
 def install_worker_context(addresses: Sequence[str], *, unavailable_timeout: float = 60.0,
                            rpc_timeout: Optional[float] = None,
-                           connect_timeout: float = 30.0):
-  """Makes TFF run every computation on the workers at `addresses`; returns the context."""
+                           connect_timeout: float = 30.0,
+                           interceptors: Sequence[grpc.UnaryUnaryClientInterceptor] = ()):
+  """Makes TFF run every computation on the workers at `addresses`; returns the context.
+
+  `interceptors`: extra gRPC client interceptors on every worker channel (e.g. counting the
+  bytes sent, benchmarks/bench_client_bytes.py).
+  """
   if unavailable_timeout <= 0 or (rpc_timeout is not None and rpc_timeout <= 0):
     raise UserInputError('--worker_unavailable_timeout and --worker_rpc_timeout must be > 0')
   connect_timeout = min(connect_timeout, unavailable_timeout)
-  contexts = [_worker_context(a, unavailable_timeout, rpc_timeout, connect_timeout)
-              for a in addresses]
+  contexts = [_worker_context(a, unavailable_timeout, rpc_timeout, connect_timeout,
+                              interceptors) for a in addresses]
   context = tff.backends.native.create_mergeable_comp_execution_context(contexts)
   tff.framework.set_default_context(context)
   return context

@@ -12,6 +12,11 @@ dataset, NaN/Inf values or integer labels/tokens outside the model's output rang
 otherwise fail deep inside TF in the worker (or poison the update); such a client is rejected
 from its rounds with the reason, like a client that dropped out. So is a client whose dataset
 cannot be built or read at all (any exception from `dataset_fn` or the check).
+
+`value_fn(client_id, dataset)` picks what an accepted client contributes to the round (and what
+is cached): the dataset itself by default; its id when the datasets are built on the workers
+(`ExperimentConfig.datasets_on_workers`), where the coordinator still reads each new client
+once for the check, so a client is rejected in exactly the same rounds in both modes.
 """
 
 import collections
@@ -63,8 +68,10 @@ class ClientDatasets:
 
   def __init__(self, dataset_fn: Callable[[Hashable], Any], max_cached: int = 1000,
                prefetch: bool = True,
-               check_fn: Optional[Callable[[Any], Optional[str]]] = None):
+               check_fn: Optional[Callable[[Any], Optional[str]]] = None,
+               value_fn: Optional[Callable[[Hashable, Any], Any]] = None):
     self._fn = dataset_fn
+    self._value = value_fn
     self._check = check_fn
     self._max = max(0, int(max_cached))
     self._cache: collections.OrderedDict = collections.OrderedDict()
@@ -81,7 +88,8 @@ class ClientDatasets:
     return None
 
   def _make(self, cid):
-    """(dataset, rejection reason or None); the dataset is None if it could not be built.
+    """(value, rejection reason or None); the value (the dataset, or `value_fn` of it) is None
+    if the dataset could not be built.
 
     Any exception from `dataset_fn` or `check_fn` (a client id the data source cannot read, an
     unreadable or malformed record) is one client's problem: the client is rejected with the
@@ -92,6 +100,8 @@ class ClientDatasets:
       reason = self._check(ds) if self._check is not None else None
     except Exception as e:  # pylint: disable=broad-except
       return None, _failure_reason(e)
+    if self._value is not None:
+      return (self._value(cid, ds) if reason is None else None), reason
     return ds, reason
 
   def _build(self, cid):
@@ -119,7 +129,8 @@ class ClientDatasets:
       pending.result()  # Re-raises a failure of the background build here.
 
   def get(self, client_ids: Sequence[Hashable]) -> tuple[list, dict]:
-    """(datasets of the accepted clients in order, {rejected client id: reason})."""
+    """(datasets, or `value_fn` values, of the accepted clients in order,
+    {rejected client id: reason})."""
     self._wait()
     build = self._make if self._max == 0 else self._build
     datasets, rejected = [], {}

@@ -72,6 +72,12 @@ class ExperimentConfig:
   # steps either way; the iterator loop measured 1.2-1.5x faster than TFF's default
   # DatasetReduce on CPU (benchmarks/bench_limit.py: tff vs tff_iterator).
   loop_implementation: str = 'dataset_iterator'
+  # Build each sampled client's training dataset on the TFF workers from its id (the task's
+  # `train_dataset_computation` composed into the learning process with
+  # `tff.simulation.compose_dataset_computation_with_learning_process`): a round sends client
+  # ids instead of serialized dataset graphs. Every worker must see the task's data files at the
+  # same path as the coordinator. Same elements, same rejections, same results.
+  datasets_on_workers: bool = False
   # Optimizers.
   client_optimizer: str = 'sgd'
   client_learning_rate: float = 0.1
@@ -144,6 +150,8 @@ class ExperimentConfig:
     need(self.loop_implementation in LOOP_IMPLEMENTATIONS,
          f'--loop_implementation must be one of {", ".join(LOOP_IMPLEMENTATIONS)}, got '
          f'{self.loop_implementation!r}')
+    need(isinstance(self.datasets_on_workers, bool),
+         f'--datasets_on_workers must be true or false, got {self.datasets_on_workers!r}')
     need(self.client_sampling in ('poisson', 'fixed_size'),
          f'--client_sampling must be poisson or fixed_size, got {self.client_sampling!r}')
     need(self.client_optimizer in optimizers.OPTIMIZER_NAMES,
@@ -229,10 +237,11 @@ _FLOAT_FIELDS = tuple(f.name for f in dataclasses.fields(ExperimentConfig)
 # change would make the resumed run a different mechanism, model or data than the one the
 # ledger and checkpoints describe, and is refused. loop_implementation is execution: it picks
 # how TFF expresses the same client SGD steps, and the state it reads and writes is the same.
+# datasets_on_workers is execution too: where the same client pipelines are built.
 RESUMABLE_CHANGES = ('total_rounds', 'max_epsilon', 'rounds_per_eval',
                      'rounds_per_checkpoint', 'max_eval_examples', 'pld_every', 'accounting',
                      'client_cache_size', 'prefetch_clients', 'loop_implementation',
-                     'runtime_settings', 'paper_table', 'paper_arm', 'paper_results',
+                     'datasets_on_workers', 'runtime_settings', 'paper_table', 'paper_arm', 'paper_results',
                      'paper_note')
 
 
@@ -398,6 +407,8 @@ def _build_and_run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSigna
       task.model_fn, client_optimizer=client_optimizer, server_optimizer=server_optimizer,
       model_aggregator=aggregator if uniform else None, uniform=uniform,
       loop_implementation=LOOP_IMPLEMENTATIONS[cfg.loop_implementation])
+  if cfg.datasets_on_workers:
+    process = _with_datasets_on_workers(process, task)
   stop.raise_if_received('during start-up')
 
   planned_queries: tuple = ()
@@ -440,8 +451,14 @@ def _build_and_run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSigna
       client_dataset_fn=_client_dataset_fn(task),
       evaluator=evaluator, ledger=ledger, accountant=accountant,
       aggregates=aggregates, train_on_aggregate=train_policy, log=log,
+<<<<<<< HEAD
       planned_queries=planned_queries, clip_group_labels=clip_group_labels,
       check_client_fn=lambda ds: client_data.check_client_dataset(ds, max_index))
+=======
+      planned_queries=planned_queries,
+      check_client_fn=lambda ds: client_data.check_client_dataset(ds, max_index),
+      client_value_fn=client_id_argument if cfg.datasets_on_workers else None)
+>>>>>>> i13-ids
   loop_config = loop.LoopConfig(
       total_rounds=cfg.total_rounds, rounds_per_eval=cfg.rounds_per_eval,
       rounds_per_checkpoint=cfg.rounds_per_checkpoint, delta=delta,
@@ -456,6 +473,7 @@ def _build_and_run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSigna
   return summary
 
 
+<<<<<<< HEAD
 def _clip_group_labels(dp_factory, weight_names: list[str]) -> dict[str, str]:
   """'group_g' -> the names of its weights, for per-group (per-layer, joint) clip factories.
 
@@ -463,6 +481,35 @@ def _clip_group_labels(dp_factory, weight_names: list[str]) -> dict[str, str]:
   groups = getattr(dp_factory, 'groups', None) or []
   return {f'group_{g}': ', '.join(weight_names[i] for i in members)
           for g, members in enumerate(groups) if all(i < len(weight_names) for i in members)}
+=======
+def _with_datasets_on_workers(process, task):
+  """`process` whose `next` takes client ids (tf.string at CLIENTS) and builds each client's
+  preprocessed dataset where the client runs, with the task's dataset computation.
+
+  The round's DP aggregation, state and measurements are those of `process` (TFF only maps the
+  dataset computation over the ids before `process.next`'s body), so ledger and accounting are
+  unchanged. The loop passes only ids of clients the coordinator checked (sampled from the
+  task's client ids, data read and checked once, as in the default mode).
+  """
+  try:
+    computation = getattr(task, 'train_dataset_computation', None)
+  except ValueError:   # A FederatedTask whose data cannot be read from a traced id.
+    computation = None
+  if computation is None:
+    raise UserInputError(f'--datasets_on_workers: task {getattr(task, "name", task)!r} has no '
+                         'dataset computation of a client id (train_dataset_computation)')
+  return tff.simulation.compose_dataset_computation_with_learning_process(computation, process)
+
+
+def client_id_argument(client_id, dataset=None):
+  """A client id as the `process.next` argument of `_with_datasets_on_workers`: UTF-8 bytes.
+
+  TFF 0.87 serializes a Python str argument with `np.asarray(value, np.bytes_)`, which fails on
+  any non-ASCII id (UnicodeEncodeError) and drops trailing NULs; bytes go through unchanged.
+  """
+  del dataset   # Checked by the loop; built again on the worker.
+  return client_id.encode('utf-8') if isinstance(client_id, str) else client_id
+>>>>>>> i13-ids
 
 
 def _client_dataset_fn(task):

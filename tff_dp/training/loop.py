@@ -59,6 +59,9 @@ class LoopComponents:
   check_client_fn: Optional[Callable[[Any], Optional[str]]] = None
   # Per-group clip factories: 'group_g' -> the names of its weights (labels in the clip plot).
   clip_group_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  # (client id, checked dataset) -> what `process.next` receives for an accepted client; None:
+  # the dataset. The id when `process` builds the datasets on the workers.
+  client_value_fn: Optional[Callable[[Any, Any], Any]] = None
 
 
 def _flatten(prefix: str, value, out: dict) -> None:
@@ -162,7 +165,7 @@ def run_training(config: LoopConfig, c: LoopComponents,
                              'rounds_completed': start_round - 1}
   client_data = client_data_lib.ClientDatasets(
       c.client_dataset_fn, config.client_cache_size, config.prefetch_clients,
-      check_fn=c.check_client_fn)
+      check_fn=c.check_client_fn, value_fn=c.client_value_fn)
   progress = _Progress(round_num=start_round - 1, state=state, recent=recent,
                        checkpointed=start_round - 1)
   with contextlib.ExitStack() as stack:
