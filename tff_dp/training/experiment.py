@@ -451,14 +451,9 @@ def _build_and_run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSigna
       client_dataset_fn=_client_dataset_fn(task),
       evaluator=evaluator, ledger=ledger, accountant=accountant,
       aggregates=aggregates, train_on_aggregate=train_policy, log=log,
-<<<<<<< HEAD
       planned_queries=planned_queries, clip_group_labels=clip_group_labels,
-      check_client_fn=lambda ds: client_data.check_client_dataset(ds, max_index))
-=======
-      planned_queries=planned_queries,
       check_client_fn=lambda ds: client_data.check_client_dataset(ds, max_index),
       client_value_fn=client_id_argument if cfg.datasets_on_workers else None)
->>>>>>> i13-ids
   loop_config = loop.LoopConfig(
       total_rounds=cfg.total_rounds, rounds_per_eval=cfg.rounds_per_eval,
       rounds_per_checkpoint=cfg.rounds_per_checkpoint, delta=delta,
