@@ -468,7 +468,6 @@ def _build_and_run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSigna
   return summary
 
 
-<<<<<<< HEAD
 def _clip_group_labels(dp_factory, weight_names: list[str]) -> dict[str, str]:
   """'group_g' -> the names of its weights, for per-group (per-layer, joint) clip factories.
 
@@ -476,7 +475,8 @@ def _clip_group_labels(dp_factory, weight_names: list[str]) -> dict[str, str]:
   groups = getattr(dp_factory, 'groups', None) or []
   return {f'group_{g}': ', '.join(weight_names[i] for i in members)
           for g, members in enumerate(groups) if all(i < len(weight_names) for i in members)}
-=======
+
+
 def _with_datasets_on_workers(process, task):
   """`process` whose `next` takes client ids (tf.string at CLIENTS) and builds each client's
   preprocessed dataset where the client runs, with the task's dataset computation.
@@ -504,7 +504,6 @@ def client_id_argument(client_id, dataset=None):
   """
   del dataset   # Checked by the loop; built again on the worker.
   return client_id.encode('utf-8') if isinstance(client_id, str) else client_id
->>>>>>> i13-ids
 
 
 def _client_dataset_fn(task):
