@@ -111,7 +111,7 @@ def main():
   process = _process(task, args.clients)
   print(f'{os.cpu_count()} cores, load average {_load()} (shared machine: timings are noisy); '
         f'EMNIST CNN (dropout 0), adaptive DP noise off, {args.clients} clients/round; median '
-        f'of {args.rounds} rounds per arm after 2 warm-up rounds, arms alternating')
+        f'of {args.rounds} rounds per arm after 3 warm-up rounds, arms alternating')
 
   runtime.configure_execution_context()
   state = process.initialize()
@@ -127,9 +127,9 @@ def main():
     arms['1 worker (core 0)'] = distributed.install_worker_context(addresses[:1])
     arms['2 workers (cores 0, 1)'] = distributed.install_worker_context(addresses)
     times, cpu, diffs = {k: [] for k in arms}, {k: [] for k in arms}, {}
-    # Warm-up: executors and compilation on the workers. Two rounds: merge and after_merge run
+    # Warm-up: executors and compilation on the workers. Three rounds: merge and after_merge run
     # on whichever worker finishes last, and each worker's context compiles them once.
-    for name in bench_common.rotating_order(list(arms), 2):
+    for name in bench_common.rotating_order(list(arms), 3):
       tff.framework.set_default_context(arms[name])
       diffs[name] = max(float(np.max(np.abs(a - b)))
                         for a, b in zip(_weights(process, process.next(state, data).state),

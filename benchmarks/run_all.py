@@ -11,6 +11,7 @@ BENCHMARKS = [
     ['bench_throughput.py'],              # our whole round vs plain TFF without DP (<= 1.2x)
     ['bench_limit.py'],                   # our round vs raw TF client work and TFF defaults
     ['bench_scaling.py'],                 # round time vs clients/round and vs loopback workers
+    ['bench_workers.py'],                 # 1 vs 2 pinned loopback workers (concurrent slices)
     ['bench_adaptive_vs_tff.py'],         # our adaptive factory vs TFF's gaussian_adaptive
     ['bench_accountant.py'],              # incremental epsilon over a 10,000-round ledger
     ['bench_adadps.py'],                  # AdaDPS vs DP-FedAvg (sparse toy + StackOverflow tag)

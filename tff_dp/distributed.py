@@ -140,12 +140,13 @@ class _ThreadedWorkerContext(tff.framework.AsyncContext):
   """One worker's `AsyncExecutionContext`, run on an event loop of its own (its own thread).
 
   Why: TFF 0.87's `RemoteExecutor` calls its gRPC stub synchronously inside its coroutines
-  (`self._stub.compute(request)`, no await; "TODO: b/134543154 - Switch to using an
+  (`self._stub.create_call(request)`, no await; "TODO: b/134543154 - Switch to using an
   asynchronous gRPC client"). A coroutine that never suspends runs to completion once started,
   so when the mergeable context starts every worker's `up_to_merge` as a task on its single
   event loop (`_run_in_async_context_pool`), worker 1's task holds that loop from its first
-  request to the end of its blocking `Compute`, and worker 2's task starts only afterwards:
-  the slices ran one after the other. Handing each worker's `invoke` to that worker's own loop
+  request to the end of its blocking calls (the worker_binary trains the slice's clients inside
+  `CreateCall`), and worker 2's task starts only afterwards: the slices ran one after the
+  other. Handing each worker's `invoke` to that worker's own loop
   thread (TFF's `AsyncThreadRunner.await_coro_and_return_result`) leaves the mergeable
   context's loop free to start the other workers; a blocking gRPC call releases the GIL while
   it waits, so all workers compute at once. Everything else is TFF's: the remote stack, its
