@@ -4,9 +4,11 @@
 embedded data) through `--workers`' mergeable execution context. The workers are started with
 `python -m tff_dp.worker` under `taskset`: the 1-worker baseline on core 0, the 2-worker arm on
 cores 0 and 1 (the coordinator, this process, is not pinned). Prints seconds per round of each
-arm, the workers' CPU seconds per second of round (the cores they got), the speedup, and the
-largest absolute difference of the resulting model weights from the
-single-process run (TFF's local C++ context) of the same round.
+arm, the workers' CPU seconds per second of round (the cores they got), the slices in flight
+(seconds the coordinator waits in workers' CreateCall/Compute, summed over workers, per second
+of round: above 1 only if the workers run at the same time), the speedup, and the largest
+absolute difference of the resulting model weights from the single-process run (TFF's local
+C++ context) of the same round.
 
 To compare weight for weight, the CNN's dropout rate is set to 0 (TFF draws the masks unseeded
 inside each worker, so a dropout round is not reproducible even locally) and the client shuffle
@@ -89,6 +91,26 @@ def _cpu_seconds(pid):
   return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
 
 
+class _CallTimer:
+  """Seconds the coordinator spends inside workers' CreateCall/Compute (the slices' training):
+  summed over the workers, per second of round, it is how many slices were in flight on
+  average (at most 1 if the workers ran one after the other)."""
+
+  def __init__(self):
+    self.seconds = 0.0
+    plain = distributed._FailFastStub._call   # pylint: disable=protected-access
+    timer = self
+
+    def timed(stub, method, request):
+      t0 = time.perf_counter()
+      try:
+        return plain(stub, method, request)
+      finally:
+        if method in ('create_call', 'compute'):
+          timer.seconds += time.perf_counter() - t0
+    distributed._FailFastStub._call = timed   # pylint: disable=protected-access
+
+
 def _weights(process, state):
   return [np.asarray(w) for w in process.get_model_weights(state).trainable]
 
@@ -127,6 +149,7 @@ def main():
     arms['1 worker (core 0)'] = distributed.install_worker_context(addresses[:1])
     arms['2 workers (cores 0, 1)'] = distributed.install_worker_context(addresses)
     times, cpu, diffs = {k: [] for k in arms}, {k: [] for k in arms}, {}
+    in_calls, timer = {k: 0.0 for k in arms}, _CallTimer()
     # Warm-up: executors and compilation on the workers. Three rounds: merge and after_merge run
     # on whichever worker finishes last, and each worker's context compiles them once.
     for name in bench_common.rotating_order(list(arms), 3):
@@ -137,9 +160,11 @@ def main():
     for name in bench_common.rotating_order(list(arms), args.rounds):
       tff.framework.set_default_context(arms[name])
       cpu0 = sum(_cpu_seconds(p.pid) for p, _ in procs)
+      calls0 = timer.seconds
       t0 = time.perf_counter()
       process.next(state, data)
       times[name].append(time.perf_counter() - t0)
+      in_calls[name] += timer.seconds - calls0
       cpu[name].append(sum(_cpu_seconds(p.pid) for p, _ in procs) - cpu0)
   finally:
     runtime.configure_execution_context()
@@ -152,13 +177,15 @@ def main():
   # Worker CPU seconds per wall second of the round: the cores the workers actually got (at
   # most 1 and 2 here); below that when other programs share the cores.
   print(f'\n{"":<24} {"s/round":>8} {"min":>6} {"max":>6} {"worker cores":>13} '
-        f'{"max |w - w_local|":>18}')
+        f'{"slices in flight":>17} {"max |w - w_local|":>18}')
   for name in arms:
     cores = sum(cpu[name]) / sum(times[name])
+    in_flight = in_calls[name] / sum(times[name])
     print(f'{name:<24} {medians[name]:>8.2f} {min(times[name]):>6.2f} {max(times[name]):>6.2f} '
-          f'{cores:>13.2f} {diffs[name]:>18.2e}')
+          f'{cores:>13.2f} {in_flight:>17.2f} {diffs[name]:>18.2e}')
   local_diff = max(float(np.max(np.abs(a - b))) for a, b in zip(local_again, local))
-  print(f'{"local context, again":<24} {"":>8} {"":>6} {"":>6} {"":>13} {local_diff:>18.2e}')
+  print(f'{"local context, again":<24} {"":>8} {"":>6} {"":>6} {"":>13} {"":>17} '
+        f'{local_diff:>18.2e}')
   one, two = medians['1 worker (core 0)'], medians['2 workers (cores 0, 1)']
   print(f'\nspeedup 2 workers vs 1: x{one / two:.2f} (median s/round); load average now '
         f'{_load()}')
