@@ -12,6 +12,7 @@ BENCHMARKS = [
     ['bench_limit.py'],                   # our round vs raw TF client work and TFF defaults
     ['bench_scaling.py'],                 # round time vs clients/round and vs loopback workers
     ['bench_client_bytes.py'],            # bytes sent per round to a worker: datasets vs client ids
+    ['bench_workers.py'],                 # 1 vs 2 pinned loopback workers (concurrent slices)
     ['bench_adaptive_vs_tff.py'],         # our adaptive factory vs TFF's gaussian_adaptive
     ['bench_accountant.py'],              # incremental epsilon over a 10,000-round ledger
     ['bench_adadps.py'],                  # AdaDPS vs DP-FedAvg (sparse toy + StackOverflow tag)

@@ -5,13 +5,16 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
+import numpy as np
 import portpicker
 import pytest
 
 from tff_dp import distributed
 from tff_dp import ledger as ledger_lib
+from tff_dp import runtime
 from tff_dp.errors import UserInputError
 from run_helpers import metrics_rows
 from run_helpers import script
@@ -172,3 +175,91 @@ def test_two_workers_match_the_single_process_run_and_survive_a_killed_worker(wo
   assert [r.round_num for r in ledger_lib.read_ledger(str(run / 'ledger.jsonl'))] == list(
       range(1, 7))
   _assert_same_training(metrics_rows(tmp_path / 'local'), metrics_rows(run))
+
+
+def _linear_fed_avg_and_clients(clients=8, examples=3000, features=64):
+  """A softmax regression FedAvg with our adaptive DP aggregator (noise off) and fixed client
+  datasets: enough work per client that a worker's slice computes for a noticeable time."""
+  import tensorflow as tf   # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff   # pylint: disable=g-import-not-at-top
+  from tff_dp import aggregators   # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  datasets = []
+  for _ in range(clients):
+    x = rng.normal(size=(examples, features)).astype(np.float32)
+    y = rng.integers(0, 10, size=(examples, 1)).astype(np.int32)
+    datasets.append(tf.data.Dataset.from_tensor_slices((x, y)).batch(10))
+  spec = datasets[0].element_spec
+
+  def model_fn():
+    keras_model = tf.keras.Sequential([tf.keras.layers.Dense(
+        10, input_shape=(features,), kernel_initializer='zeros')])
+    return tff.learning.models.from_keras_model(
+        keras_model, input_spec=spec,
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+  process = tff.learning.algorithms.build_unweighted_fed_avg(
+      model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.01),
+      server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0),
+      model_aggregator=aggregators.build_dp_aggregator(
+          'adaptive', noise_multiplier=0.0, clipped_count_stddev=0.0,
+          clients_per_round=float(clients), clip=0.5))
+  return process, datasets
+
+
+@pytest.mark.slow
+def test_workers_compute_their_slices_at_the_same_time(monkeypatch):
+  # Each worker's first CreateCall of a round (its up_to_merge: the worker_binary trains its
+  # slice's clients inside that call) waits, before it is sent, until the other worker's has
+  # been issued too. Workers driven one after the other never get there (the first waits in
+  # vain, TFF 0.87's stub calls block the one event loop); concurrent ones always do, however
+  # loaded the machine. The calls' intervals are recorded as well, to show they overlap.
+  calls, rendezvous = [], {}
+  plain_call = distributed._FailFastStub._call   # pylint: disable=protected-access
+
+  def recorded_call(stub, method, request):
+    address = stub._address   # pylint: disable=protected-access
+    if method == 'create_call' and address in rendezvous['pending']:
+      rendezvous['pending'].discard(address)
+      try:
+        rendezvous['barrier'].wait()
+        rendezvous['met'].append(address)
+      except threading.BrokenBarrierError:
+        pass
+    start = time.monotonic()
+    try:
+      return plain_call(stub, method, request)
+    finally:
+      calls.append((address, method, start, time.monotonic()))
+
+  monkeypatch.setattr(distributed._FailFastStub, '_call', recorded_call)  # pylint: disable=protected-access
+  process, datasets = _linear_fed_avg_and_clients()
+  runtime.configure_execution_context()
+  state = process.initialize()
+  local = process.next(state, datasets)
+  # Started after the local run: installing a local context stops this process's workers.
+  workers = []
+  try:
+    workers += [Worker(portpicker.pick_unused_port()).start() for _ in range(2)]
+    addresses = [f'127.0.0.1:{w.port}' for w in workers]
+    distributed.install_worker_context(addresses)
+    for _ in range(2):   # The first round also builds the executors on the workers.
+      del calls[:]
+      rendezvous.update(pending=set(addresses), met=[],
+                        barrier=threading.Barrier(len(addresses), timeout=30))
+      spread = process.next(state, datasets)
+  finally:
+    for w in workers:
+      w.stop()
+    runtime.configure_execution_context()
+
+  assert sorted(rendezvous['met']) == sorted(addresses)
+  first, second = ([(s, e) for a, m, s, e in calls if a == address and m == 'create_call'][0]
+                   for address in addresses)
+  assert min(first[1], second[1]) > max(first[0], second[0]), (first, second)   # Overlap.
+
+  # And the round's result is the single-process one (noise off; float summation order).
+  for w_local, w_spread in zip(process.get_model_weights(local.state).trainable,
+                               process.get_model_weights(spread.state).trainable):
+    np.testing.assert_allclose(w_spread, w_local, rtol=1e-5, atol=1e-6)
+  assert not np.allclose(process.get_model_weights(local.state).trainable[0], 0)   # Trained.

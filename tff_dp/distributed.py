@@ -9,7 +9,9 @@
 - over all of them, `tff.backends.native.create_mergeable_comp_execution_context`: TFF compiles
   each computation to MergeableCompForm, runs `up_to_merge` on every worker with a contiguous
   slice of the round's clients, combines the partial aggregates with the aggregations' own
-  `merge`, and runs `after_merge` (server update, DP noise, clip update) once.
+  `merge`, and runs `after_merge` (server update, DP noise, clip update) once;
+- each worker's async context driven on its own event-loop thread (TFF's `AsyncThreadRunner`),
+  so the workers' slices of a round run at the same time (see `_ThreadedWorkerContext`).
 
 A FedAvg round with our DP aggregators has one logical aggregation (the noised sum, the
 clipped-count sum and the metric sums are parallel), which is what the mergeable form needs;
@@ -31,6 +33,7 @@ import grpc
 import tensorflow_federated as tff
 # Not re-exported under tff.*: the argument/result transforms TFF's own native contexts use.
 from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation
+from tensorflow_federated.python.common_libs import async_utils
 
 from tff_dp import executor_cache
 from tff_dp.errors import UserInputError
@@ -133,6 +136,37 @@ class _FailFastStub(tff.framework.RemoteExecutorGrpcStub):
     return self._call('dispose_executor', request)
 
 
+class _ThreadedWorkerContext(tff.framework.AsyncContext):
+  """One worker's `AsyncExecutionContext`, run on an event loop of its own (its own thread).
+
+  Why: TFF 0.87's `RemoteExecutor` calls its gRPC stub synchronously inside its coroutines
+  (`self._stub.create_call(request)`, no await; "TODO: b/134543154 - Switch to using an
+  asynchronous gRPC client"). A coroutine that never suspends runs to completion once started,
+  so when the mergeable context starts every worker's `up_to_merge` as a task on its single
+  event loop (`_run_in_async_context_pool`), worker 1's task holds that loop from its first
+  request to the end of its blocking calls (the worker_binary trains the slice's clients inside
+  `CreateCall`), and worker 2's task starts only afterwards: the slices ran one after the
+  other. Handing each worker's `invoke` to that worker's own loop
+  thread (TFF's `AsyncThreadRunner.await_coro_and_return_result`) leaves the mergeable
+  context's loop free to start the other workers; a blocking gRPC call releases the GIL while
+  it waits, so all workers compute at once. Everything else is TFF's: the remote stack, its
+  retries, the merge. Calls to one worker stay on its one thread, so its stub, executor cache
+  and `_FailFastStub` state are never used from two threads at once (TFF's weakref finalizers
+  may still dispose values from whichever thread collects them, as before).
+  """
+
+  def __init__(self, context: tff.framework.AsyncExecutionContext):
+    self._context = context
+    self._runner = async_utils.AsyncThreadRunner()
+
+  @property
+  def executor_factory(self):
+    return self._context.executor_factory
+
+  async def invoke(self, comp, arg):
+    return await self._runner.await_coro_and_return_result(self._context.invoke(comp, arg))
+
+
 def _worker_context(address: str, unavailable_timeout: float, rpc_timeout: Optional[float],
                     connect_timeout: float, interceptors: Sequence = ()):
   channel = grpc.insecure_channel(address, _CHANNEL_OPTIONS)
@@ -157,12 +191,12 @@ def _worker_context(address: str, unavailable_timeout: float, rpc_timeout: Optio
 
   # Bounded: TFF's factory would leave an executor per client count on the worker for good
   # (see tff_dp.executor_cache); a worker's slice of a Poisson round varies every round.
-  return tff.framework.AsyncExecutionContext(
+  return _ThreadedWorkerContext(tff.framework.AsyncExecutionContext(
       executor_fn=executor_cache.BoundedExecutorFactory(
           tff.framework.ResourceManagingExecutorFactory(stack_fn)),
       compiler_fn=tff.backends.native.desugar_and_transform_to_native,
       transform_args=tensorflow_computation.transform_args,
-      transform_result=tensorflow_computation.transform_result)
+      transform_result=tensorflow_computation.transform_result))
 
 
 def install_worker_context(addresses: Sequence[str], *, unavailable_timeout: float = 60.0,
