@@ -80,6 +80,9 @@ def main():
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='3')
   start = time.monotonic()
   samples = {}   # round -> (coordinator MiB, worker MiB)
+  csv_file = open(args.samples_csv, 'w') if args.samples_csv else None  # pylint: disable=consider-using-with
+  if csv_file:   # Written as the run goes, so an interrupted soak still leaves its samples.
+    csv_file.write('round,coordinator_mib,worker_mib\n')
   with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                         env=env, cwd=ROOT) as proc:
     for line in proc.stdout:
@@ -91,6 +94,9 @@ def main():
       r = int(m.group(1))
       workers = runtime.worker_pids(proc.pid)
       samples[r] = (rss_mib(proc.pid), rss_mib(workers[0]) if workers else float('nan'))
+      if csv_file:
+        csv_file.write(f'{r},{samples[r][0]:.1f},{samples[r][1]:.1f}\n')
+        csv_file.flush()
       if r % 25 == 0 or r == 1:
         print(f'  round {r:4d}  coordinator {samples[r][0]:7.0f} MiB  worker '
               f'{samples[r][1]:7.0f} MiB  ({time.monotonic() - start:.0f} s)', flush=True)
@@ -98,10 +104,8 @@ def main():
     sys.exit(f'run_experiment.py exited with {proc.returncode} after round '
              f'{max(samples, default=0)}')
 
-  if args.samples_csv:
-    with open(args.samples_csv, 'w') as f:
-      f.write('round,coordinator_mib,worker_mib\n')
-      f.writelines(f'{r},{c:.1f},{w:.1f}\n' for r, (c, w) in sorted(samples.items()))
+  if csv_file:
+    csv_file.close()
   print(f'\n{args.rounds} rounds in {time.monotonic() - start:.0f} s; median RSS over the '
         f'{args.window} rounds ending at each report round (MiB):')
   print(f'{"round":>7} {"coordinator":>12} {"worker":>10}')

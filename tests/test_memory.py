@@ -97,6 +97,21 @@ def test_checkpoints_reuse_one_module_and_tff_reads_them(tmp_path):
     asyncio.run(ours.save(_state(4), 4))
 
 
+def test_worker_environment_caps_malloc_arenas_unless_the_user_set_it(monkeypatch):
+  monkeypatch.delenv('MALLOC_ARENA_MAX', raising=False)
+  assert runtime.DEFAULT_WORKER_ENV == {'MALLOC_ARENA_MAX': '2'}
+  assert runtime.worker_environment({'A': '1'}) == {'A': '1', 'MALLOC_ARENA_MAX': '2'}
+  assert runtime.worker_environment()['MALLOC_ARENA_MAX'] == '2'
+  # A value the user exported wins.
+  monkeypatch.setenv('MALLOC_ARENA_MAX', '4')
+  assert runtime.worker_environment()['MALLOC_ARENA_MAX'] == '4'
+
+
+def _environ(pid):
+  with open(f'/proc/{pid}/environ', 'rb') as f:
+    return dict(e.decode().split('=', 1) for e in f.read().split(b'\0') if b'=' in e)
+
+
 def _rss_mib(pid):
   try:
     with open(f'/proc/{pid}/status') as f:
@@ -129,17 +144,23 @@ def test_long_run_memory_does_not_grow_per_round(tmp_path):
       '--ema_beta=0.9', '--past_k=3', '--accounting=rdp', '--max_eval_examples=50',
       f'--root_output_dir={tmp_path}', '--experiment_name=soak']
   samples = {}
+  env = script_env()
+  env.pop('MALLOC_ARENA_MAX', None)
+  worker_env = None
   with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                        env=script_env()) as proc:
+                        env=env) as proc:
     output = []
     for line in proc.stdout:
       output.append(line)
       m = _ROUND.match(line)
       if m:
         workers = runtime.worker_pids(proc.pid)
+        if workers and worker_env is None:
+          worker_env = _environ(workers[0])
         samples[int(m.group(1))] = (_rss_mib(proc.pid),
                                     _rss_mib(workers[0]) if workers else None)
   assert proc.returncode == 0, ''.join(output[-20:])
+  assert worker_env is not None and worker_env.get('MALLOC_ARENA_MAX') == '2', worker_env
   rounds = [r for r in sorted(samples) if r > _WARM_UP and None not in samples[r]]
   assert len(rounds) >= _ROUNDS - _WARM_UP - 5, samples
   coordinator = _slope(rounds, [samples[r][0] for r in rounds])
@@ -152,5 +173,6 @@ def test_long_run_memory_does_not_grow_per_round(tmp_path):
   # tens of MB. 3 MiB/round passes that with margin and fails either leak by 2x or more.
   summary = (f'coordinator {coordinator:+.2f} MiB/round, worker {worker:+.2f} MiB/round over '
              f'rounds {rounds[0]}..{rounds[-1]}; samples {samples}')
+  print(summary[:summary.index("; samples")])
   assert coordinator < _MAX_SLOPE, summary
   assert worker < _MAX_SLOPE, summary
