@@ -1,8 +1,9 @@
 """No per-round memory growth (issue 13): the two mechanisms, then a long CLI run's RSS.
 
-The fast tests check the two fixes directly: at most `max_executors` TFF executors stay alive
-(the rest are closed on the worker), and checkpoints are written through one reused module in
-files TFF's own FileProgramStateManager reads. The slow test runs `run_experiment.py` as a user
+The fast tests check the fixes directly: at most `max_executors` TFF executors stay alive
+(the rest are closed on the worker), checkpoints are written through one reused module in
+files TFF's own FileProgramStateManager reads, and the worker is started with glibc malloc
+capped at two arenas (the slow test also reads the live worker's environment). The slow test runs `run_experiment.py` as a user
 starts it, on a small logistic-regression task (about a second per round on this machine), with
 what grew per round before the fix switched on:
 Poisson sampling (a different number of clients almost every round, each a new per-cardinality
@@ -168,9 +169,10 @@ def test_long_run_memory_does_not_grow_per_round(tmp_path):
   # Measured on this test (2 cores shared, load ~12): before the fix the worker grew by +16.4
   # MiB/round (an executor per client count, never closed) and the coordinator by +5.9
   # MiB/round (each checkpoint kept part of the ~10 MB state); after it +1.8 and +1.6
-  # MiB/round, the tail of the warm-up (allocator, client-dataset cache, executor set-ups; the
-  # slope keeps falling in longer runs, see benchmarks/bench_soak.py) plus reading noise of
-  # tens of MB. 3 MiB/round passes that with margin and fails either leak by 2x or more.
+  # MiB/round, and with the worker's malloc arenas capped too (runtime.DEFAULT_WORKER_ENV)
+  # +0.44 (worker) and +0.99 (coordinator) MiB/round (2026-11-23, load ~15): the tail of the
+  # warm-up (client-dataset cache, executor set-ups) plus reading noise of tens of MB.
+  # 3 MiB/round passes that with margin and fails either leak by 2x or more.
   summary = (f'coordinator {coordinator:+.2f} MiB/round, worker {worker:+.2f} MiB/round over '
              f'rounds {rounds[0]}..{rounds[-1]}; samples {samples}')
   print(summary[:summary.index("; samples")])
