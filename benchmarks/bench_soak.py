@@ -11,7 +11,9 @@ and of its `worker_binary` child from /proc. A single reading swings by tens of 
 executor set-up), so each report is the median over the `--window` rounds ending at the
 report round, and the slope is a least-squares fit over every round from the first report on.
 
-Target (issue 13): growth from the first report to the last under 10% for each process.
+--samples_csv is written as the run goes (one row per round), so an interrupted soak still
+leaves its readings. Target (issue 13): growth from the first report to the last under 10% for
+each process.
 Usage: python benchmarks/bench_soak.py [--rounds 500] [--report_at 50,250,500] [--window 9]
        (quick check: --rounds 100 --report_at 30,100)
 """
