@@ -11,7 +11,9 @@ and of its `worker_binary` child from /proc. A single reading swings by tens of 
 executor set-up), so each report is the median over the `--window` rounds ending at the
 report round, and the slope is a least-squares fit over every round from the first report on.
 
-Target (issue 13): growth from the first report to the last under 10% for each process.
+--samples_csv is written as the run goes (one row per round), so an interrupted soak still
+leaves its readings. Target (issue 13): growth from the first report to the last under 10% for
+each process.
 Usage: python benchmarks/bench_soak.py [--rounds 500] [--report_at 50,250,500] [--window 9]
        (quick check: --rounds 100 --report_at 30,100)
 """
@@ -80,6 +82,9 @@ def main():
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='3')
   start = time.monotonic()
   samples = {}   # round -> (coordinator MiB, worker MiB)
+  csv_file = open(args.samples_csv, 'w') if args.samples_csv else None  # pylint: disable=consider-using-with
+  if csv_file:   # Written as the run goes, so an interrupted soak still leaves its samples.
+    csv_file.write('round,coordinator_mib,worker_mib\n')
   with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                         env=env, cwd=ROOT) as proc:
     for line in proc.stdout:
@@ -91,6 +96,9 @@ def main():
       r = int(m.group(1))
       workers = runtime.worker_pids(proc.pid)
       samples[r] = (rss_mib(proc.pid), rss_mib(workers[0]) if workers else float('nan'))
+      if csv_file:
+        csv_file.write(f'{r},{samples[r][0]:.1f},{samples[r][1]:.1f}\n')
+        csv_file.flush()
       if r % 25 == 0 or r == 1:
         print(f'  round {r:4d}  coordinator {samples[r][0]:7.0f} MiB  worker '
               f'{samples[r][1]:7.0f} MiB  ({time.monotonic() - start:.0f} s)', flush=True)
@@ -98,10 +106,8 @@ def main():
     sys.exit(f'run_experiment.py exited with {proc.returncode} after round '
              f'{max(samples, default=0)}')
 
-  if args.samples_csv:
-    with open(args.samples_csv, 'w') as f:
-      f.write('round,coordinator_mib,worker_mib\n')
-      f.writelines(f'{r},{c:.1f},{w:.1f}\n' for r, (c, w) in sorted(samples.items()))
+  if csv_file:
+    csv_file.close()
   print(f'\n{args.rounds} rounds in {time.monotonic() - start:.0f} s; median RSS over the '
         f'{args.window} rounds ending at each report round (MiB):')
   print(f'{"round":>7} {"coordinator":>12} {"worker":>10}')

@@ -26,6 +26,18 @@ import time
 _WORKER_NAME = 'worker_binary'
 _installed = False
 
+# Environment variables the worker_binary is started with, on top of this process's own (a
+# variable already set in this process's environment wins, so a user can still override them).
+# glibc's malloc gives each thread that allocates under contention its own arena, up to 8 per
+# core; the worker runs each round's TensorFlow sessions on changing threads of its pools and
+# rebuilds a per-cardinality executor almost every round (Poisson sampling), so blocks freed in
+# one arena are not reused by the next round's allocations in another and every arena keeps its
+# high-water mark: worker RSS grew ~0.9 MiB/round over 500 EMNIST rounds (issue 13, see
+# BUILD_NOTES.md "Memory over long runs"). Two arenas halve that growth (0.46 MiB/round) and
+# lower the worker's RSS by 300-500 MiB.
+DEFAULT_WORKER_ENV = {'MALLOC_ARENA_MAX': '2'}
+_worker_env: dict[str, str] = dict(DEFAULT_WORKER_ENV)
+
 
 def _children_of(pid: int) -> list[int]:
   children = []
@@ -212,10 +224,20 @@ class WorkerPopen(subprocess.Popen):
     global _spawner
     if kwargs.get('preexec_fn') is None:
       kwargs['preexec_fn'] = _die_with(os.getpid())
+    kwargs['env'] = worker_environment(kwargs.get('env'))
     with _spawner_lock:
       if _spawner is None:
         _spawner = _Spawner()
     _spawner.call(lambda: super(WorkerPopen, self).__init__(args, **kwargs))
+
+
+def worker_environment(base=None) -> dict[str, str]:
+  """The environment a worker is started with: `base` (default: this process's) plus the
+  worker settings of `configure_execution_context` that `base` does not set itself."""
+  env = dict(os.environ if base is None else base)
+  for name, value in _worker_env.items():
+    env.setdefault(name, value)
+  return env
 
 
 class _SubprocessWithWorkerPopen:
@@ -235,7 +257,8 @@ def bind_workers_to_this_process() -> None:
 
 def configure_execution_context(*, max_concurrent_computation_calls: int = -1,
                                 default_num_clients: int = 0,
-                                max_executors: int | None = None) -> None:
+                                max_executors: int | None = None,
+                                worker_env: dict[str, str] | None = None) -> None:
   """Installs TFF's local C++ execution context with the given client concurrency.
 
   The C++ worker runs the clients of a round as concurrent calls of the client computation;
@@ -248,13 +271,19 @@ def configure_execution_context(*, max_concurrent_computation_calls: int = -1,
   its executor factory keeps at most `max_executors` per-cardinality executors alive on the
   worker (default `executor_cache.DEFAULT_MAX_EXECUTORS`); TFF's would leak one per new client
   count, which Poisson sampling draws almost every round (see `tff_dp.executor_cache`).
+
+  `worker_env`: environment variables the worker is started with, on top of this process's
+  (which win where both set one); None: `DEFAULT_WORKER_ENV` (glibc malloc limited to two arenas,
+  which keeps the worker's RSS flat over long runs), {} for none.
   """
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   # pylint: disable=g-import-not-at-top
   from tensorflow_federated.python.core.environments.tensorflow_frontend import (
       tensorflow_computation)
   from tff_dp import executor_cache
+  global _worker_env
   shutdown_workers()
+  _worker_env = dict(DEFAULT_WORKER_ENV if worker_env is None else worker_env)
   bind_workers_to_this_process()
   factory = executor_cache.BoundedExecutorFactory(
       tff.framework.local_cpp_executor_factory(

@@ -50,8 +50,12 @@ def main(argv=None) -> int:
     return 2
   print(f'tff_dp worker: serving on port {args.port} ({socket.gethostname()}:{args.port})',
         flush=True)
-  os.execv(binary, [binary, f'--port={args.port}',
-                    f'--max_concurrent_computation_calls={args.max_concurrent_computation_calls}'])
+  # pylint: disable-next=g-import-not-at-top
+  from tff_dp import runtime   # /proc and environment helpers only: imports no TensorFlow.
+  # The same environment as a local worker (glibc malloc arenas capped: flat RSS, issue 13).
+  os.execve(binary, [binary, f'--port={args.port}',
+                     f'--max_concurrent_computation_calls={args.max_concurrent_computation_calls}'],
+            runtime.worker_environment())
   return 0  # Not reached.
 
 
