@@ -13,6 +13,12 @@ from tff_dp.errors import UserInputError
 _SQLITE_MAGIC = b'SQLite format 3\x00'
 _EXAMPLES_COLUMNS = {'split_name', 'client_id', 'serialized_example_proto'}
 _METADATA_COLUMNS = {'client_id', 'split_name', 'num_examples'}
+# `PRAGMA quick_check` reads the whole file: 0.7 s for the 344 MB full-population synthetic
+# StackOverflow cache at every start, and proportionally longer for TFF's multi-GB real file.
+# Above this size only the header, page count, schema and splits are checked; a damaged page is
+# then found when a client's rows are read, and the round loop rejects that client with the
+# SQLite error (tff_dp/training/client_data.py).
+QUICK_CHECK_MAX_BYTES = 256 * 2**20
 
 
 def check_data_dir(data_dir: str) -> None:
@@ -43,9 +49,10 @@ def check_sqlite_file(path: str, required_splits) -> None:
   try:
     conn = sqlite3.connect(f'file:{path}?mode=ro', uri=True)
     try:
-      check = conn.execute('PRAGMA quick_check').fetchone()[0]
-      if check != 'ok':
-        raise UserInputError(f'{path} is corrupt (sqlite quick_check: {check})')
+      if os.path.getsize(path) <= QUICK_CHECK_MAX_BYTES:
+        check = conn.execute('PRAGMA quick_check').fetchone()[0]
+        if check != 'ok':
+          raise UserInputError(f'{path} is corrupt (sqlite quick_check: {check})')
       tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
       for table, columns in (('examples', _EXAMPLES_COLUMNS),
                              ('client_metadata', _METADATA_COLUMNS)):

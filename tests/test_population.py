@@ -136,3 +136,18 @@ def test_cli_generates_and_rejects_bad_population(tmp_path, capsys):
   assert synthetic_data.main(['--family=emnist', '--population=0',
                               f'--cache_dir={tmp_path}']) == 2
   assert 'error: population must be positive' in capsys.readouterr().err
+
+
+def test_quick_check_only_below_the_size_limit(tmp_path, monkeypatch):
+  # quick_check reads the whole file at every start; above the limit only header, schema and
+  # splits are checked (a damaged page then rejects the client that reads it).
+  db = synthetic_data.write_emnist_cache(str(tmp_path), num_train_clients=4,
+                                         examples_per_client=5)
+  size = os.path.getsize(db)
+  with open(db, 'r+b') as f:   # Damage the header of a page holding examples.
+    f.seek(10 * 4096)
+    f.write(b'\xff' * 16)
+  with pytest.raises(UserInputError, match='corrupt'):
+    data_files.check_sqlite_file(db, ('all_train',))
+  monkeypatch.setattr(data_files, 'QUICK_CHECK_MAX_BYTES', size - 1)
+  data_files.check_sqlite_file(db, ('all_train',))
