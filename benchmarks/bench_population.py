@@ -19,6 +19,7 @@ printed when it happens). A run whose process tree exceeds --max_rss_gb is stopp
 reported), so the benchmark cannot exhaust a shared machine.
 
     python benchmarks/bench_population.py --tasks=stackoverflow_tag --clients_per_round=100
+    python benchmarks/bench_population.py --tasks=emnist --clients_per_round=10 --repeats=3
 """
 
 import argparse
@@ -152,6 +153,9 @@ def main():
                       help='comma-separated; the first is the reference for the ratios')
   parser.add_argument('--clients_per_round', type=int, default=100)
   parser.add_argument('--rounds', type=int, default=4)
+  parser.add_argument('--repeats', type=int, default=1,
+                      help='runs per (task, population), interleaved; medians are reported '
+                      '(the shared machine\'s load swings more than the population effect)')
   parser.add_argument('--cache_root', default=os.path.expanduser(
       os.path.join('~', '.cache', 'tff_dp', 'population')))
   parser.add_argument('--max_rss_gb', type=float, default=6.0,
@@ -161,30 +165,44 @@ def main():
   with open('/proc/loadavg') as f:
     print(f'load average at start: {" ".join(f.read().split()[:3])} '
           f'({os.cpu_count()} cores)', flush=True)
-  results = []
+  runs = []
   with tempfile.TemporaryDirectory(prefix='bench_population_') as out_root:
     for task in args.tasks.split(','):
       family = _FAMILY[task]
       for population in args.populations.split(','):
-        data_dir = os.path.join(args.cache_root, f'{family}-{population}')
-        synthetic_data.ensure_population_cache(data_dir, family, population,
-                                               log=lambda m: print('  ' + m, flush=True))
-        print(f'running {task} on {data_dir} ...', flush=True)
-        r = run_one(task, data_dir, args, out_root)
-        r['population'] = population
-        results.append(r)
+        synthetic_data.ensure_population_cache(
+            os.path.join(args.cache_root, f'{family}-{population}'), family, population,
+            log=lambda m: print('  ' + m, flush=True))
+      for repeat in range(args.repeats):
+        for population in args.populations.split(','):
+          data_dir = os.path.join(args.cache_root, f'{family}-{population}')
+          print(f'running {task} on {data_dir} (repeat {repeat + 1}) ...', flush=True)
+          r = run_one(task, data_dir, args, os.path.join(out_root, str(repeat)))
+          r['population'] = population
+          runs.append(r)
+  results = []
+  for task in args.tasks.split(','):
+    for population in args.populations.split(','):
+      mine = [r for r in runs if r['task'] == task and r['population'] == population]
+      merged = dict(mine[0], exceeded=any(r['exceeded'] for r in mine))
+      for key in ('first_round_s', 'round_s', 'round_wall_s', 'peak_coordinator_mib',
+                  'peak_worker_mib', 'peak_total_mib'):
+        values = [r[key] for r in mine if r.get(key) is not None]
+        merged[key] = statistics.median(values) if values else None
+      results.append(merged)
   with open('/proc/loadavg') as f:
     print(f'load average at end: {" ".join(f.read().split()[:3])}')
-  print(f'\n{args.clients_per_round} clients per round (fixed size), {args.rounds} rounds; '
-        'round s = median of process.next over rounds 2..; peaks over the whole run\n')
+  print(f'\n{args.clients_per_round} clients per round (fixed size), {args.rounds} rounds, '
+        f'median of {args.repeats} interleaved run(s); round s = median of process.next over '
+        'rounds 2..; peaks over the whole run\n')
   print('| task | population | first round s | s/round (next) | s/round (whole) | '
         'peak coordinator MiB | peak worker MiB | peak total MiB |')
   print('| --- | --- | --- | --- | --- | --- | --- | --- |')
   for r in results:
     print(f"| {r['task']} | {r['population']} | {_fmt(r['first_round_s'])} | "
           f"{_fmt(r.get('round_s'), '.2f')} | {_fmt(r.get('round_wall_s'), '.2f')} | "
-          f"{r['peak_coordinator_mib']:.0f} | {r['peak_worker_mib']:.0f} | "
-          f"{r['peak_total_mib']:.0f}{' (stopped)' if r['exceeded'] else ''} |")
+          f"{_fmt(r['peak_coordinator_mib'], '.0f')} | {_fmt(r['peak_worker_mib'], '.0f')} | "
+          f"{_fmt(r['peak_total_mib'], '.0f')}{' (stopped)' if r['exceeded'] else ''} |")
   ref_pop = args.populations.split(',')[0]
   print('\nratios against the first population (targets: first round <= 60 s; others <= 1.10)')
   for task in args.tasks.split(','):

@@ -151,3 +151,26 @@ def test_quick_check_only_below_the_size_limit(tmp_path, monkeypatch):
     data_files.check_sqlite_file(db, ('all_train',))
   monkeypatch.setattr(data_files, 'QUICK_CHECK_MAX_BYTES', size - 1)
   data_files.check_sqlite_file(db, ('all_train',))
+
+
+def test_add_index_to_a_file_without_one(tmp_path):
+  # TFF's downloaded files have no index: a client read scans the table. The opt-in tool adds
+  # the one our generated caches carry; the loader's results are unchanged.
+  db = str(tmp_path / 'stackoverflow.sqlite')
+  synthetic_data.write_stackoverflow_cache(str(tmp_path), num_train_clients=5,
+                                           examples_per_client=3)
+  with sqlite3.connect(db) as con:
+    con.execute(f'DROP INDEX {data_files.INDEX_NAME}')
+  con.close()
+  safe = sql_client_data.SafeSqlClientData(db, 'train', ['tr00001_0'])
+  def plan():
+    with sqlite3.connect(db) as con:
+      return ' '.join(str(r) for r in con.execute('EXPLAIN QUERY PLAN ' +
+                                                  safe.query('tr00001_0')))
+  assert 'INDEX' not in plan()
+  before = list(safe.create_tf_dataset_for_client('tr00001_0').as_numpy_iterator())
+  assert data_files.main([db, '--add_index']) == 0
+  assert 'USING INDEX' in plan()
+  assert data_files.add_client_index(db) is False   # Already there.
+  assert list(safe.create_tf_dataset_for_client('tr00001_0').as_numpy_iterator()) == before
+  assert data_files.main([str(tmp_path / 'missing.sqlite'), '--add_index']) == 2
