@@ -100,7 +100,7 @@ class _Watcher(threading.Thread):
 
 def run_one(task: str, data_dir: str, args, out_root: str) -> dict:
   name = f'{task}-{os.path.basename(data_dir)}'
-  cmd = [sys.executable, '-u', os.path.join(ROOT, 'run_experiment.py'),
+  cmd = [sys.executable, '-u', args.runner,
          f'--task={task}', f'--data_dir={data_dir}', f'--root_output_dir={out_root}',
          f'--experiment_name={name}', f'--clients_per_round={args.clients_per_round}',
          f'--total_rounds={args.rounds}', '--client_sampling=fixed_size', '--sampling_seed=0',
@@ -158,6 +158,8 @@ def main():
                       '(the shared machine\'s load swings more than the population effect)')
   parser.add_argument('--cache_root', default=os.path.expanduser(
       os.path.join('~', '.cache', 'tff_dp', 'population')))
+  parser.add_argument('--runner', default=os.path.join(ROOT, 'run_experiment.py'),
+                      help='script taking run_experiment.py\'s flags (to measure a variant)')
   parser.add_argument('--max_rss_gb', type=float, default=6.0,
                       help='stop a run whose process tree exceeds this (shared machine)')
   parser.add_argument('extra', nargs='*', help='more run_experiment.py flags (after --)')
