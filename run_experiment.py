@@ -97,6 +97,12 @@ _MAX_CONCURRENT = flags.DEFINE_integer(
     'max_concurrent_computation_calls', -1,
     'Clients the TFF C++ worker trains concurrently (<= 0: all of a round\'s clients at once, '
     'TFF\'s default and the fastest; a cap bounds memory with many clients per round).')
+_CLIENT_SLICES = flags.DEFINE_integer(
+    'client_slices', 1,
+    'Run a round\'s clients in this many slices, one after the other, on the local TFF worker '
+    '(TFF\'s mergeable context). The worker holds all clients\' updates of a call until their '
+    'sum (~75 MiB per StackOverflow-tag client), so slices bound its peak memory; same results '
+    'up to float summation order. Not with --workers.')
 _WORKERS = flags.DEFINE_string(
     'workers', None,
     'Spread each round\'s clients over TFF workers at host:port,host:port,... (start one per '
@@ -265,6 +271,7 @@ def _config():
     name = f'{_TASK.value}-{_DP.value}-{time.strftime("%Y%m%d-%H%M%S")}'
   runtime_settings = dict(
       workers=_WORKERS.value, max_concurrent_computation_calls=_MAX_CONCURRENT.value,
+      client_slices=_CLIENT_SLICES.value,
       worker_unavailable_timeout=_WORKER_UNAVAILABLE_TIMEOUT.value,
       worker_rpc_timeout=_WORKER_RPC_TIMEOUT.value)
   return experiment.ExperimentConfig(
@@ -353,6 +360,11 @@ def main(argv):
       raise UserInputError(f'unknown --task {_TASK.value!r}; choose one of {", ".join(_TASKS)}')
     cfg = _config()
     cfg.validate()   # Cheap checks first: no data is loaded for a bad command line.
+    if _CLIENT_SLICES.value < 1:
+      raise UserInputError(f'--client_slices must be >= 1, got {_CLIENT_SLICES.value}')
+    if _CLIENT_SLICES.value > 1 and _WORKERS.value:
+      raise UserInputError('--client_slices is for the local worker; with --workers each '
+                           'worker already runs its own slice')
     if _WORKERS.value:
       from tff_dp import distributed  # pylint: disable=g-import-not-at-top
       distributed.install_worker_context(
@@ -362,7 +374,8 @@ def main(argv):
     else:
       from tff_dp import runtime  # pylint: disable=g-import-not-at-top
       runtime.configure_execution_context(
-          max_concurrent_computation_calls=_MAX_CONCURRENT.value)
+          max_concurrent_computation_calls=_MAX_CONCURRENT.value,
+          client_slices=_CLIENT_SLICES.value)
     summary = experiment.run(cfg, _task(cfg.task_settings), stop=_STOP)
   except UserInputError as e:
     print(f'error: {e}', file=sys.stderr)

@@ -18,6 +18,9 @@ BENCHMARKS = [
     ['bench_adadps.py'],                  # AdaDPS vs DP-FedAvg (sparse toy + StackOverflow tag)
     ['bench_checkpoint_aggregation.py'],  # EMA / past-k costs
     ['bench_soak.py'],                    # RSS growth over 500 CLI rounds (~45 min)
+    # 1,000 clients vs full-size populations (generates the 342,477-client StackOverflow cache
+    # once, ~5 min); StackOverflow tag at 100 clients/round needs ~10-11 GB (TFF worker).
+    ['bench_population.py', '--max_rss_gb=16'],
 ]
 
 

@@ -5,14 +5,24 @@ sqlite/TF traceback when it is corrupt. We check existence, the SQLite header, i
 two tables and the split names first, and raise one clear UserInputError otherwise.
 """
 
+import argparse
 import os
 import sqlite3
+import sys
+
+from absl import logging
 
 from tff_dp.errors import UserInputError
 
 _SQLITE_MAGIC = b'SQLite format 3\x00'
 _EXAMPLES_COLUMNS = {'split_name', 'client_id', 'serialized_example_proto'}
 _METADATA_COLUMNS = {'client_id', 'split_name', 'num_examples'}
+# `PRAGMA quick_check` reads the whole file: 0.7 s for the 344 MB full-population synthetic
+# StackOverflow cache at every start, and proportionally longer for TFF's multi-GB real file.
+# Above this size only the header, page count, schema and splits are checked; a damaged page is
+# then found when a client's rows are read, and the round loop rejects that client with the
+# SQLite error (tff_dp/training/client_data.py).
+QUICK_CHECK_MAX_BYTES = 256 * 2**20
 
 
 def check_data_dir(data_dir: str) -> None:
@@ -43,9 +53,10 @@ def check_sqlite_file(path: str, required_splits) -> None:
   try:
     conn = sqlite3.connect(f'file:{path}?mode=ro', uri=True)
     try:
-      check = conn.execute('PRAGMA quick_check').fetchone()[0]
-      if check != 'ok':
-        raise UserInputError(f'{path} is corrupt (sqlite quick_check: {check})')
+      if os.path.getsize(path) <= QUICK_CHECK_MAX_BYTES:
+        check = conn.execute('PRAGMA quick_check').fetchone()[0]
+        if check != 'ok':
+          raise UserInputError(f'{path} is corrupt (sqlite quick_check: {check})')
       tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
       for table, columns in (('examples', _EXAMPLES_COLUMNS),
                              ('client_metadata', _METADATA_COLUMNS)):
@@ -54,6 +65,12 @@ def check_sqlite_file(path: str, required_splits) -> None:
         have = {r[1] for r in conn.execute(f'PRAGMA table_info({table})')}
         if not columns <= have:
           raise UserInputError(f'{path}: table {table} lacks columns {sorted(columns - have)}')
+      if not has_client_index(conn):
+        logging.warning(
+            '%s has no index on examples(split_name, client_id): every client read scans the '
+            'whole table (560 ms per client at 1.17M rows, measured), twice per sampled client '
+            'per round. Add one once with `python -m tasks.data_files --add_index %s`.',
+            path, path)
       splits = {r[0] for r in conn.execute('SELECT DISTINCT split_name FROM client_metadata')}
       missing = [s for s in required_splits if s not in splits]
       if missing:
@@ -62,3 +79,58 @@ def check_sqlite_file(path: str, required_splits) -> None:
       conn.close()
   except sqlite3.DatabaseError as e:
     raise UserInputError(f'{path} is corrupt or truncated ({e})') from None
+
+
+INDEX_NAME = 'examples_split_client'
+
+
+def has_client_index(conn: sqlite3.Connection) -> bool:
+  """Whether `examples` has an index starting with (split_name, client_id)."""
+  for row in conn.execute('PRAGMA index_list(examples)'):
+    columns = [r[2] for r in conn.execute(f"PRAGMA index_info('{row[1]}')")]
+    if columns[:2] == ['split_name', 'client_id']:
+      return True
+  return False
+
+
+def add_client_index(path: str) -> bool:
+  """Adds the (split_name, client_id) index our generated caches carry to a TFF dataset file
+  (e.g. one TFF downloaded), unless it has one; returns whether it added it.
+
+  Only run on request (it writes to the file; TFF's loader reads the file unchanged either way).
+  """
+  check_sqlite_file(path, ())
+  conn = sqlite3.connect(path)
+  try:
+    if has_client_index(conn):
+      return False
+    conn.execute(f'CREATE INDEX {INDEX_NAME} ON examples (split_name, client_id)')
+    conn.commit()
+    return True
+  finally:
+    conn.close()
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(
+      prog='python -m tasks.data_files',
+      description='Check a TFF dataset file; --add_index makes per-client reads use an index.')
+  parser.add_argument('path')
+  parser.add_argument('--add_index', action='store_true',
+                      help='add an index on examples(split_name, client_id) (writes the file)')
+  args = parser.parse_args(argv)
+  try:
+    if args.add_index:
+      added = add_client_index(args.path)
+      print(f'{args.path}: ' + ('index added' if added else 'already indexed'))
+    else:
+      check_sqlite_file(args.path, ())
+      print(f'{args.path}: ok')
+  except UserInputError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

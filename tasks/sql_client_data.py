@@ -20,7 +20,8 @@ Python id and for a traced id tensor (`serializable_dataset_fn`, used by
 Index: TFF's downloaded caches have no index on `examples`, so every client lookup (TFF's query
 or ours) scans the table (~0.1 s at 685k rows; the real StackOverflow file has 135M). The caches
 we generate (tasks/synthetic_data.py) carry an index on (split_name, client_id), which this
-query uses; we never write to a user's downloaded file.
+query uses. We never write to a user's downloaded file unasked: the data check warns when it
+has no such index, and `python -m tasks.data_files --add_index PATH` adds one.
 """
 
 import sqlite3

@@ -8,13 +8,22 @@ read after downloading: an SQLite database with tables
 with the same features and dtypes as the real data, under the same split names and file
 names. StackOverflow also gets the extracted word/tag count files (see tasks/vocab.py). The real
 loaders therefore run unchanged on them; they back the embedded demo dataset and the tests.
+
+Full-size populations (`FULL_SIZES`: StackOverflow's 342,477 training clients, EMNIST's 3,400
+writers) come from the same generators, streamed to disk in batches; they are never in git:
+`python -m tasks.synthetic_data --family=stackoverflow --population=full --cache_dir=DIR`
+generates one on demand (benchmarks/bench_population.py caches them under
+~/.cache/tff_dp/population).
 """
 
+import argparse
 import collections
 import os
 import sqlite3
+import sys
 import tempfile
-from typing import Iterable, Mapping, Sequence
+import time
+from typing import Iterable, Iterator, Mapping, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -30,6 +39,14 @@ DEFAULT_SIZES = {
                           num_heldout_clients=10),
 }
 _MARKER = '.tff_dp_embedded_{}'
+# The real datasets' client counts (TFF's StackOverflow: 342,477 train / 38,758 heldout /
+# 204,088 test clients; EMNIST: 3,400 writers in both splits) with few examples per client, so
+# that the population, not the data volume, is what is full-size.
+FULL_SIZES = {
+    'emnist': dict(num_train_clients=3400, examples_per_client=20, num_test_clients=3400),
+    'stackoverflow': dict(num_train_clients=342477, examples_per_client=2,
+                          num_test_clients=204088, num_heldout_clients=38758),
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -44,7 +61,9 @@ def _int64(values: Sequence[int]) -> tf.train.Feature:
 
 
 def _float(values: Iterable[float]) -> tf.train.Feature:
-  return tf.train.Feature(float_list=tf.train.FloatList(value=[float(v) for v in values]))
+  # tolist() gives the same Python floats as float(v) per element, 3x faster.
+  values = values.tolist() if isinstance(values, np.ndarray) else [float(v) for v in values]
+  return tf.train.Feature(float_list=tf.train.FloatList(value=values))
 
 
 def emnist_example(pixels: np.ndarray, label: int) -> bytes:
@@ -70,29 +89,58 @@ def stackoverflow_example(*, tokens: str, title: str, tags: str, score: int = 0,
   })).SerializeToString()
 
 
-def write_sqlite(path: str, splits: Mapping[str, Mapping[str, Sequence[bytes]]]) -> None:
-  """Writes {split_name: {client_id: [serialized protos]}} atomically in TFF's schema."""
+# (split name, client id, serialized protos): one client of one split.
+ClientRows = Tuple[str, str, Sequence[bytes]]
+
+
+def write_sqlite(path: str, splits: Union[Mapping[str, Mapping[str, Sequence[bytes]]],
+                                          Iterable[ClientRows]],
+                 batch_rows: int = 20000) -> None:
+  """Writes {split_name: {client_id: [serialized protos]}} (or an iterable of
+  (split, client_id, protos), consumed as it is written) atomically in TFF's schema.
+
+  Rows go in with `executemany` in batches of about `batch_rows` inside one transaction, so a
+  generator of 342,477 clients streams to disk without holding the dataset in memory.
+  """
+  if isinstance(splits, Mapping):
+    splits = ((split, cid, protos) for split, clients in splits.items()
+              for cid, protos in clients.items())
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix='.tmp')
   os.close(fd)
-  with sqlite3.connect(tmp) as con:
-    # Same DDL as tff.simulation.datasets.sql_client_data_utils.
-    con.execute('CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL, '
-                'serialized_example_proto BLOB NOT NULL);')
-    con.execute('CREATE TABLE client_metadata (client_id TEXT NOT NULL, '
-                'split_name TEXT NOT NULL, num_examples INTEGER NOT NULL);')
-    for split, clients in splits.items():
-      for client_id, protos in clients.items():
-        con.executemany('INSERT INTO examples VALUES (?, ?, ?)',
-                        [(split, client_id, sqlite3.Binary(p)) for p in protos])
-        con.execute('INSERT INTO client_metadata VALUES (?, ?, ?)',
-                    (client_id, split, len(protos)))
-    # Not in TFF's files (which TFF's loader reads unchanged either way): lets a client's rows
-    # be found without scanning the table (tasks/sql_client_data.py).
-    con.execute('CREATE INDEX examples_split_client ON examples (split_name, client_id);')
-  con.close()
-  os.chmod(tmp, 0o644)   # mkstemp creates 0600; the cache may be shared.
-  os.replace(tmp, path)
+  try:
+    con = sqlite3.connect(tmp)
+    try:
+      # A crash leaves only the temp file, which is removed: no journal needed while writing.
+      con.execute('PRAGMA journal_mode = OFF')
+      con.execute('PRAGMA synchronous = OFF')
+      # Same DDL as tff.simulation.datasets.sql_client_data_utils.
+      con.execute('CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL, '
+                  'serialized_example_proto BLOB NOT NULL);')
+      con.execute('CREATE TABLE client_metadata (client_id TEXT NOT NULL, '
+                  'split_name TEXT NOT NULL, num_examples INTEGER NOT NULL);')
+      examples, metadata = [], []
+      for split, client_id, protos in splits:
+        examples.extend((split, client_id, sqlite3.Binary(p)) for p in protos)
+        metadata.append((client_id, split, len(protos)))
+        if len(examples) >= batch_rows:
+          con.executemany('INSERT INTO examples VALUES (?, ?, ?)', examples)
+          con.executemany('INSERT INTO client_metadata VALUES (?, ?, ?)', metadata)
+          examples, metadata = [], []
+      con.executemany('INSERT INTO examples VALUES (?, ?, ?)', examples)
+      con.executemany('INSERT INTO client_metadata VALUES (?, ?, ?)', metadata)
+      # Not in TFF's files (which TFF's loader reads unchanged either way): lets a client's
+      # rows be found without scanning the table (tasks/sql_client_data.py).
+      con.execute('CREATE INDEX examples_split_client ON examples (split_name, client_id);')
+      con.commit()
+    finally:
+      con.close()
+    os.chmod(tmp, 0o644)   # mkstemp creates 0600; the cache may be shared.
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
 
 
 def write_counts_file(path: str, counts: Mapping[str, int]) -> None:
@@ -120,12 +168,23 @@ def _emnist_templates(rng, num_classes):
 def write_emnist_cache(cache_dir: str, num_train_clients: int = 20, examples_per_client: int = 30,
                        seed: int = 0, num_test_clients: int | None = None,
                        noise: float = 0.25) -> str:
-  """Writes `emnist_all.sqlite` with splits all_* (62 classes) and digits_only_* (10)."""
+  """Writes `emnist_all.sqlite` with splits all_* (62 classes) and digits_only_* (10).
+
+  Clients are generated and written one at a time (any population size fits in memory).
+  """
+  path = os.path.join(cache_dir, emnist_task.DB_NAME)
+  write_sqlite(path, _emnist_clients(num_train_clients, examples_per_client, seed,
+                                     num_test_clients, noise))
+  return path
+
+
+def _emnist_clients(num_train_clients, examples_per_client, seed, num_test_clients,
+                    noise) -> Iterator[ClientRows]:
   rng = np.random.default_rng(seed)
   num_test_clients = num_test_clients or max(2, num_train_clients // 5)
   templates = _emnist_templates(rng, 62)
-  splits = collections.defaultdict(dict)
   for prefix, n_clients in (('train', num_train_clients), ('test', num_test_clients)):
+    digits_only = []   # TFF's files list a split's rows together: digits_only_* after all_*.
     for i in range(n_clients):
       cid = f'f{i:04d}_{seed:02d}'
       shift = rng.normal(0, 0.05, size=(28, 28)).astype(np.float32)   # Writer style.
@@ -137,13 +196,11 @@ def write_emnist_cache(cache_dir: str, num_train_clients: int = 20, examples_per
       images = [np.clip(templates[l] + shift + rng.normal(0, noise, (28, 28)), 0, 1)
                 for l in labels]
       protos = [emnist_example(img, l) for img, l in zip(images, labels)]
-      splits[f'all_{prefix}'][cid] = protos
+      yield f'all_{prefix}', cid, protos
       digits = [p for p, l in zip(protos, labels) if l < 10]
       if digits:
-        splits[f'digits_only_{prefix}'][cid] = digits
-  path = os.path.join(cache_dir, emnist_task.DB_NAME)
-  write_sqlite(path, splits)
-  return path
+        digits_only.append((f'digits_only_{prefix}', cid, digits))
+    yield from digits_only
 
 
 # ---------------------------------------------------------------------------------------------
@@ -156,7 +213,10 @@ def write_stackoverflow_cache(cache_dir: str, num_train_clients: int = 20,
                               num_heldout_clients: int = 4, vocab_size: int = 10000,
                               num_tags: int = 500, num_topics: int = 20,
                               tokens_per_example: int = 12) -> str:
-  """Writes `stackoverflow.sqlite` (train/heldout/test) and the word/tag count files."""
+  """Writes `stackoverflow.sqlite` (train/heldout/test) and the word/tag count files.
+
+  Clients are generated and written one at a time (any population size fits in memory).
+  """
   rng = np.random.default_rng(seed)
   num_test_clients = num_test_clients or max(2, num_train_clients // 3)
   words = [f'w{i}' for i in range(vocab_size)]
@@ -170,38 +230,55 @@ def write_stackoverflow_cache(cache_dir: str, num_train_clients: int = 20,
   tag_names = [f't{i}' for i in range(num_tags)]
   word_users = collections.Counter()
   tag_users = collections.Counter()
-  splits = collections.defaultdict(dict)
   sizes = (('train', num_train_clients), ('heldout', num_heldout_clients),
            ('test', num_test_clients))
-  for split, n_clients in sizes:
-    for i in range(n_clients):
-      cid = f'{split[:2]}{i:05d}_{seed}'
-      client_topics = rng.choice(num_topics, size=2, replace=False)
-      protos, used_words, used_tags = [], set(), set()
-      for _ in range(examples_per_client):
-        topic = int(rng.choice(client_topics))
-        seq = [int(rng.choice(topic_words[topic]))]
-        while len(seq) < tokens_per_example:
-          if rng.uniform() < 0.7:
-            seq.append(int(successor[seq[-1]]))
-          elif rng.uniform() < 0.5:
-            seq.append(int(rng.choice(topic_words[topic])))
-          else:
-            seq.append(int(rng.choice(vocab_size, p=zipf)))
-        tags = [tag_names[topic]] + ([tag_names[num_topics + topic]]
-                                     if rng.uniform() < 0.3 and num_tags > 2 * num_topics
-                                     else [])
-        tokens = ' '.join(words[w] for w in seq)
-        title = ' '.join(words[w] for w in rng.choice(topic_words[topic], size=3))
-        protos.append(stackoverflow_example(tokens=tokens, title=title, tags='|'.join(tags),
-                                            score=int(rng.integers(0, 10))))
-        used_words.update(seq)
-        used_tags.update(tags)
-      splits[split][cid] = protos
-      if split == 'train':
-        word_users.update(words[w] for w in used_words)
-        tag_users.update(used_tags)
-  write_sqlite(os.path.join(cache_dir, so_task.DB_NAME), splits)
+  # The draws below are numpy's `Generator.choice` spelled out (same random stream, same
+  # values; checked byte for byte by tests/test_tasks.py): choice(n, p=zipf) draws one uniform
+  # and searches the normalised CDF, choice(a) draws integers(0, len(a)). Spelled out, they
+  # skip choice's per-call argument checks and CDF build: ~10x faster, which a 342,477-client
+  # population needs.
+  zipf_cdf = zipf.cumsum()
+  zipf_cdf /= zipf_cdf[-1]
+  topic_word_lists = [[int(w) for w in t] for t in topic_words]
+  successor_list = [int(w) for w in successor]
+  draw_int = rng.integers
+  draw = rng.random
+
+  def clients() -> Iterator[ClientRows]:
+    for split, n_clients in sizes:
+      for i in range(n_clients):
+        cid = f'{split[:2]}{i:05d}_{seed}'
+        client_topics = rng.choice(num_topics, size=2, replace=False)
+        protos, used_words, used_tags = [], set(), set()
+        for _ in range(examples_per_client):
+          topic = int(client_topics[draw_int(0, 2)])
+          these_words = topic_word_lists[topic]
+          seq = [these_words[draw_int(0, len(these_words))]]
+          while len(seq) < tokens_per_example:
+            if rng.uniform() < 0.7:
+              seq.append(successor_list[seq[-1]])
+            elif rng.uniform() < 0.5:
+              seq.append(these_words[draw_int(0, len(these_words))])
+            else:
+              seq.append(int(zipf_cdf.searchsorted(draw(), side='right')))
+          tags = [tag_names[topic]] + ([tag_names[num_topics + topic]]
+                                       if rng.uniform() < 0.3 and num_tags > 2 * num_topics
+                                       else [])
+          tokens = ' '.join(words[w] for w in seq)
+          title_words = topic_words[topic][draw_int(0, len(these_words), size=3,
+                                                    dtype=np.int64)]
+          title = ' '.join(words[w] for w in title_words)
+          protos.append(stackoverflow_example(tokens=tokens, title=title,
+                                              tags='|'.join(tags),
+                                              score=int(draw_int(0, 10))))
+          used_words.update(seq)
+          used_tags.update(tags)
+        yield split, cid, protos
+        if split == 'train':
+          word_users.update(words[w] for w in used_words)
+          tag_users.update(used_tags)
+
+  write_sqlite(os.path.join(cache_dir, so_task.DB_NAME), clients())
   # Counts of training users per token, most frequent first (ties by name), as TFF's files;
   # every vocabulary entry is listed so the vocabulary has its full size.
   word_counts = sorted(((w, word_users.get(w, 0)) for w in words), key=lambda x: (-x[1], x[0]))
@@ -229,3 +306,87 @@ def ensure_default_cache(cache_dir: str, task_name: str) -> str:
   with open(marker, 'w') as f:
     f.write('generated by tasks.synthetic_data.ensure_default_cache (seed 0)\n')
   return cache_dir
+
+
+# ---------------------------------------------------------------------------------------------
+# Population-sized caches (generated on demand, never in git).
+
+def population_sizes(family: str, population: Union[int, str]) -> dict:
+  """Generator arguments for `population` training clients ('full': the real dataset's).
+
+  The other splits keep the real dataset's proportions to the training split (EMNIST: as many
+  test writers; StackOverflow: 38,758 heldout and 204,088 test per 342,477 train clients), and
+  each client has `FULL_SIZES`' few examples.
+  """
+  if family not in FULL_SIZES:
+    raise UserInputError(f'no generator for dataset family {family!r} '
+                         f'(choose {", ".join(FULL_SIZES)})')
+  full = dict(FULL_SIZES[family])
+  if population == 'full':
+    return full
+  try:
+    n = int(population)
+  except (TypeError, ValueError):
+    raise UserInputError(f'population must be "full" or a positive integer, got '
+                         f'{population!r}') from None
+  if n < 1:
+    raise UserInputError(f'population must be positive, got {n}')
+  scale = n / full['num_train_clients']
+  sizes = dict(full, num_train_clients=n)
+  for key in ('num_test_clients', 'num_heldout_clients'):
+    if key in full:
+      sizes[key] = max(2, round(full[key] * scale))
+  return sizes
+
+
+def ensure_population_cache(cache_dir: str, family: str, population: Union[int, str] = 'full',
+                            seed: int = 0, log=None) -> str:
+  """Generates the `family` cache with `population` training clients in `cache_dir` unless a
+  finished one with the same settings is there (a marker file records them); returns
+  `cache_dir`."""
+  sizes = population_sizes(family, population)
+  settings = f'family={family} seed={seed} ' + ' '.join(f'{k}={v}' for k, v in
+                                                         sorted(sizes.items()))
+  marker = os.path.join(cache_dir, _MARKER.format(family) + '_population')
+  if os.path.exists(marker):
+    with open(marker) as f:
+      if f.read().strip() == settings:
+        return cache_dir
+  os.makedirs(cache_dir, exist_ok=True)
+  if os.path.exists(marker):
+    os.remove(marker)
+  start = time.perf_counter()
+  if family == 'emnist':
+    write_emnist_cache(cache_dir, seed=seed, **sizes)
+  else:
+    write_stackoverflow_cache(cache_dir, seed=seed, **sizes)
+  if log is not None:
+    log(f'generated {family} cache ({settings}) in {cache_dir} in '
+        f'{time.perf_counter() - start:.1f} s')
+  with open(marker, 'w') as f:
+    f.write(settings + '\n')
+  return cache_dir
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(
+      prog='python -m tasks.synthetic_data',
+      description='Generate a synthetic TFF-format cache (read by the real TFF loaders).')
+  parser.add_argument('--family', choices=sorted(FULL_SIZES), required=True)
+  parser.add_argument('--population', default='full',
+                      help='"full" (the real dataset\'s client counts) or a number of '
+                      'training clients')
+  parser.add_argument('--cache_dir', required=True, help='directory to write the cache to')
+  parser.add_argument('--seed', type=int, default=0)
+  args = parser.parse_args(argv)
+  try:
+    ensure_population_cache(args.cache_dir, args.family, args.population, args.seed,
+                            log=lambda m: print(m, file=sys.stderr))
+  except UserInputError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
