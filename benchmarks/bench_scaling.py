@@ -16,6 +16,7 @@ Usage: python benchmarks/bench_scaling.py [--clients 10,100,500] [--tasks emnist
 """
 
 import argparse
+import math
 import os
 import re
 import statistics
@@ -36,17 +37,6 @@ _ROUND_SECONDS = re.compile(r'^round\s+(\d+)/\d+.*\s(\d+\.\d+)s\s*$')
 _EXAMPLES_PER_CLIENT = {'emnist': 40, 'stackoverflow_word': 10}
 
 
-def _rss_kib(pid: int) -> int:
-  try:
-    with open(f'/proc/{pid}/status') as f:
-      for line in f:
-        if line.startswith('VmRSS:'):
-          return int(line.split()[1])
-  except OSError:
-    pass
-  return 0
-
-
 class PeakRss:
   """Samples the RSS of a process and of its TFF workers every `interval` s, keeping peaks."""
 
@@ -59,10 +49,11 @@ class PeakRss:
 
   def _sample(self):
     while not self._done.is_set():
-      c = _rss_kib(self._pid)
-      w = sum(_rss_kib(p) for p in runtime.worker_pids(self._pid))
-      self.coordinator, self.worker = max(self.coordinator, c), max(self.worker, w)
-      self.total = max(self.total, c + w)
+      c = runtime.rss_mib(self._pid)
+      w = sum(runtime.rss_mib(p) for p in runtime.worker_pids(self._pid))
+      if not (math.isnan(c) or math.isnan(w)):   # nan: gone between listing and reading.
+        self.coordinator, self.worker = max(self.coordinator, c), max(self.worker, w)
+        self.total = max(self.total, c + w)
       self._done.wait(self._interval)
 
   def stop(self):
@@ -110,8 +101,8 @@ def run_cell(task: str, data_dir: str, clients: int, rounds: int, cap: int) -> d
                        '\n'.join(tail))
   later = [s for r, s in seconds.items() if r > 1] or list(seconds.values())
   return dict(s_per_round=statistics.median(later), first_round=seconds[1],
-              wall=time.monotonic() - start, coordinator_gib=peak.coordinator / 2**20,
-              worker_gib=peak.worker / 2**20, total_gib=peak.total / 2**20)
+              wall=time.monotonic() - start, coordinator_gib=peak.coordinator / 1024,
+              worker_gib=peak.worker / 1024, total_gib=peak.total / 1024)
 
 
 def main():

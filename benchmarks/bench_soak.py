@@ -36,18 +36,6 @@ _ROUND = re.compile(r'^round\s+(\d+)/')
 TARGET_GROWTH = 0.10
 
 
-def rss_mib(pid: int) -> float:
-  """VmRSS of `pid` in MiB (nan if it is gone)."""
-  try:
-    with open(f'/proc/{pid}/status') as f:
-      for line in f:
-        if line.startswith('VmRSS:'):
-          return int(line.split()[1]) / 1024
-  except OSError:
-    pass
-  return float('nan')
-
-
 def slope(xs, ys) -> float:
   """Least-squares slope of ys over xs."""
   mx, my = statistics.fmean(xs), statistics.fmean(ys)
@@ -95,7 +83,7 @@ def main():
         continue
       r = int(m.group(1))
       workers = runtime.worker_pids(proc.pid)
-      samples[r] = (rss_mib(proc.pid), rss_mib(workers[0]) if workers else float('nan'))
+      samples[r] = (runtime.rss_mib(proc.pid), runtime.rss_mib(workers[0]) if workers else float('nan'))
       if csv_file:
         csv_file.write(f'{r},{samples[r][0]:.1f},{samples[r][1]:.1f}\n')
         csv_file.flush()

@@ -113,17 +113,6 @@ def _environ(pid):
     return dict(e.decode().split('=', 1) for e in f.read().split(b'\0') if b'=' in e)
 
 
-def _rss_mib(pid):
-  try:
-    with open(f'/proc/{pid}/status') as f:
-      for line in f:
-        if line.startswith('VmRSS:'):
-          return int(line.split()[1]) / 1024
-  except OSError:
-    pass
-  return None
-
-
 def _slope(xs, ys):
   mx, my = statistics.fmean(xs), statistics.fmean(ys)
   return (sum((x - mx) * (y - my) for x, y in zip(xs, ys))
@@ -158,8 +147,8 @@ def test_long_run_memory_does_not_grow_per_round(tmp_path):
         workers = runtime.worker_pids(proc.pid)
         if workers and worker_env is None:
           worker_env = _environ(workers[0])
-        samples[int(m.group(1))] = (_rss_mib(proc.pid),
-                                    _rss_mib(workers[0]) if workers else None)
+        samples[int(m.group(1))] = (runtime.rss_mib(proc.pid),
+                                    runtime.rss_mib(workers[0]) if workers else None)
   assert proc.returncode == 0, ''.join(output[-20:])
   assert worker_env is not None and worker_env.get('MALLOC_ARENA_MAX') == '2', worker_env
   rounds = [r for r in sorted(samples) if r > _WARM_UP and None not in samples[r]]

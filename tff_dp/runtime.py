@@ -64,6 +64,19 @@ def _cmdline(pid: int) -> str:
     return ''
 
 
+def rss_mib(pid: int) -> float:
+  """Resident memory (VmRSS) of process `pid` in MiB; nan if it is gone. For memory checks of
+  a run and its worker (tests/test_memory.py, benchmarks)."""
+  try:
+    with open(f'/proc/{pid}/status') as f:
+      for line in f:
+        if line.startswith('VmRSS:'):
+          return int(line.split()[1]) / 1024
+  except OSError:
+    pass
+  return float('nan')
+
+
 def worker_pids(parent_pid: int | None = None) -> list[int]:
   """PIDs of live TFF worker binaries started by `parent_pid` (default: this process)."""
   parent_pid = os.getpid() if parent_pid is None else parent_pid
