@@ -370,6 +370,7 @@ def main(argv) -> int:
           f'{", ".join(list_tables(_EXPERIMENTS.value))}, all', file=sys.stderr)
     return 2
   import tff_dp  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  from tff_dp import cli_flags  # pylint: disable=g-import-not-at-top
   from tff_dp.errors import UserInputError  # pylint: disable=g-import-not-at-top
   data_dir = os.path.expanduser(_DATA_DIR.value)
   if _SCALE.value == 'full' and not os.path.isdir(data_dir):
@@ -389,8 +390,7 @@ def main(argv) -> int:
       summary = run_table(plan, dry_run=_DRY_RUN.value)
       failed += [f'{plan.table}/{arm}' for arm in summary['failed']]
   except (ValueError, UserInputError) as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 2
+    return cli_flags.report(e, flags.FLAGS)
   if failed:
     print(f'error: arms failed: {", ".join(failed)} (rerun the same command to resume them)',
           file=sys.stderr)

@@ -268,14 +268,19 @@ def main():
   parser.add_argument('--arms', default=','.join(ARMS))
   parser.add_argument('--client_cache_size', type=int, default=1000,
                       help='Ours: 0 rebuilds and checks every client dataset every round.')
+  parser.add_argument('--max_concurrent_computation_calls', type=int, default=-1,
+                      help='Clients the TFF worker trains at once, for every TFF arm '
+                           '(<= 0: all of a round\'s clients, TFF\'s default).')
   args = parser.parse_args()
   arms = [a for a in ARMS if a in args.arms.split(',')]
   if set(args.arms.split(',')) - set(ARMS) or args.warmup < 1 or args.repetitions < 1:
     parser.error(f'--arms from {",".join(ARMS)}; --warmup and --repetitions >= 1')
-  runtime.configure_execution_context()   # As run_experiment.py does.
+  runtime.configure_execution_context(   # As run_experiment.py does.
+      max_concurrent_computation_calls=args.max_concurrent_computation_calls)
   print(f'{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start (a shared '
         f'machine: figures are indicative); median of {args.repetitions} interleaved '
-        f'repetitions after {args.warmup} warm-up; TFF {tff.__version__}', flush=True)
+        f'repetitions after {args.warmup} warm-up; TFF {tff.__version__}; '
+        f'max_concurrent_computation_calls {args.max_concurrent_computation_calls}', flush=True)
   results = []
   for name in args.tasks.split(','):
     for clients in (int(c) for c in args.clients.split(',')):

@@ -14,11 +14,16 @@ report round, and the slope is a least-squares fit over every round from the fir
 --samples_csv is written as the run goes (one row per round), so an interrupted soak still
 leaves its readings. Target (issue 13): growth from the first report to the last under 10% for
 each process.
+With `--extra_flags=--worker_restart_rounds=N` the worker is replaced every N rounds; the
+script then also prints the wall time of the rounds that ran first on a new worker against the
+others (the price of a restart).
 Usage: python benchmarks/bench_soak.py [--rounds 500] [--report_at 50,250,500] [--window 9]
+       [--extra_flags='--worker_restart_rounds=100']
        (quick check: --rounds 100 --report_at 30,100)
 """
 
 import argparse
+import csv
 import os
 import re
 import statistics
@@ -70,6 +75,7 @@ def main():
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='3')
   start = time.monotonic()
   samples = {}   # round -> (coordinator MiB, worker MiB)
+  worker_of_round = {}   # round -> pid of the worker seen after it
   csv_file = open(args.samples_csv, 'w') if args.samples_csv else None  # pylint: disable=consider-using-with
   if csv_file:   # Written as the run goes, so an interrupted soak still leaves its samples.
     csv_file.write('round,coordinator_mib,worker_mib\n')
@@ -84,6 +90,7 @@ def main():
       r = int(m.group(1))
       workers = runtime.worker_pids(proc.pid)
       samples[r] = (runtime.rss_mib(proc.pid), runtime.rss_mib(workers[0]) if workers else float('nan'))
+      worker_of_round[r] = workers[0] if workers else None
       if csv_file:
         csv_file.write(f'{r},{samples[r][0]:.1f},{samples[r][1]:.1f}\n')
         csv_file.flush()
@@ -115,6 +122,22 @@ def main():
           f'{TARGET_GROWTH:.0%}); least-squares slope {fit:+.2f} MiB/round over rounds '
           f'{first}..{last}')
   print('target met' if ok else 'TARGET MISSED')
+  _report_worker_restarts(worker_of_round, os.path.join(out_dir, 'soak', 'metrics.csv'))
+
+
+def _report_worker_restarts(worker_of_round, metrics_csv):
+  """Wall seconds of the rounds that ran on a freshly started worker against the others."""
+  fresh = {r for r in worker_of_round if r > 1 and worker_of_round[r] is not None
+           and worker_of_round.get(r - 1) not in (None, worker_of_round[r])}
+  if not fresh:
+    print('the worker was never restarted')
+    return
+  with open(metrics_csv, newline='') as f:
+    wall = {int(row['round']): float(row['wall_seconds']) for row in csv.DictReader(f)}
+  others = [wall[r] for r in wall if r > 1 and r not in fresh]
+  print(f'worker restarts: {len(fresh)} (first rounds on a new worker: '
+        f'{", ".join(map(str, sorted(fresh)))}); median wall s/round {statistics.median(wall[r] for r in fresh):.2f} '
+        f'on a new worker vs {statistics.median(others):.2f} otherwise')
 
 
 if __name__ == '__main__':

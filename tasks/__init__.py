@@ -24,7 +24,7 @@ def build_task(name: str, data_dir: str, *, client_batch_size: int = 20,
   `tasks.stackoverflow.build_word_prediction` / `build_tag_prediction`).
   """
   if name not in TASK_NAMES:
-    raise UserInputError(f'unknown --task {name!r}; choose one of {", ".join(TASK_NAMES)}')
+    raise UserInputError(f'unknown `task` {name!r}; choose one of {", ".join(TASK_NAMES)}')
   if client_batch_size < 1 or client_epochs < 1:
     raise UserInputError('client batch size and epochs must be positive')
   if max_elements_per_client is not None and max_elements_per_client < 1:

@@ -181,3 +181,49 @@ def test_function_level_and_relative_imports_are_edges():
   known = {'pkg.core.a', 'pkg.app', 'pkg.core.b', 'pkg.core.c'}
   assert imported_modules(source, 'pkg.core.c', False, known) == {'pkg.core.a', 'pkg.app',
                                                                   'pkg.core.b'}
+
+
+_FLAG = re.compile(r'(?<![\w-])--[a-z][a-z_]*')
+
+
+_COMMAND = re.compile(r'`python [^`]*`')   # Another program's command line, quoted whole.
+
+
+def flags_named(source: str) -> list[str]:
+  """`--flag`s that string literals of `source` name (docstrings aside; an f-string is read
+  whole, its fields as {}), outside quoted `python ...` commands."""
+  tree = ast.parse(source)
+  skip = {id(node.body[0].value) for node in ast.walk(tree)   # Docstrings.
+          if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                               ast.AsyncFunctionDef))
+          and node.body and isinstance(node.body[0], ast.Expr)
+          and isinstance(node.body[0].value, ast.Constant)}
+  texts = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.JoinedStr):
+      skip.update(id(v) for v in node.values)
+      texts.append(''.join(v.value if isinstance(v, ast.Constant) else '{}'
+                           for v in node.values))
+    elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+          and id(node) not in skip):
+      texts.append(node.value)
+  return [m for text in texts for m in _FLAG.findall(_COMMAND.sub('', text))]
+
+
+def test_library_messages_name_parameters_not_flags():
+  """Only programs name flags: a module that parses its own command line (and cli_flags, which
+  turns the library's `parameter` into --parameter for them) may; no other module does."""
+  with open(os.path.join(ROOT, 'docs', 'ARCHITECTURE.md'), encoding='utf-8') as f:
+    entry_points = dict(declared_layers(f.read()))['entry points']
+  named = {}
+  for module, path in module_files(ROOT).items():
+    with open(path, encoding='utf-8') as f:
+      source = f.read()
+    if (module in entry_points or module == 'tff_dp.cli_flags' or 'DEFINE_' in source
+        or 'argparse' in source):
+      continue
+    if flags_named(source):
+      named[module] = flags_named(source)
+  assert named == {}
+  assert flags_named('"""Doc --a."""\nx = f"use --clip_norm {1}"\ny = "--"\n'
+                     'z = f"`python -m w --port {1}` --b"\n') == ['--clip_norm', '--b']

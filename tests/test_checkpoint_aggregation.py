@@ -221,7 +221,7 @@ def test_train_on_aggregate_validation():
     ca.TrainOnAggregate('ema', p=1.0)
   with pytest.raises(UserInputError, match='k >= 1'):
     ca.TrainOnAggregate('past_k', p=0)
-  with pytest.raises(UserInputError, match='--past_k'):
+  with pytest.raises(UserInputError, match='`past_k`'):
     ca.TrainOnAggregate('past_k').select(1, [], {'ema': ca.EMAAggregate(0.9)})
   with pytest.raises(UserInputError, match='built with 0.9'):
     ca.TrainOnAggregate('ema', p=0.99).select(1, [], {'ema': ca.EMAAggregate(0.9)})

@@ -103,3 +103,17 @@ def test_help_reads_well(tmp_path):
   for flag in ('--task', '--clients_per_round', '--clip', '--noise_multiplier', '--dp',
                '--max_epsilon', '--precondition', '--ema_beta', '--resume'):
     assert flag in out
+
+
+def test_library_parameters_read_as_flags_on_the_command_line(tmp_path):
+  """The library names parameters (`dp=fixed`, `clip`); the CLI prints them as its flags."""
+  from tff_dp import cli_flags  # pylint: disable=g-import-not-at-top
+  from tff_dp.errors import UserInputError  # pylint: disable=g-import-not-at-top
+  from tff_dp.training import experiment  # pylint: disable=g-import-not-at-top
+  with pytest.raises(UserInputError) as raised:
+    experiment.ExperimentConfig(str(tmp_path), 'x', dp='fixed', noise_multiplier=1.0).validate()
+  message = str(raised.value)
+  assert message.startswith('`dp=fixed` needs `clip` (') and '--' not in message
+  assert (cli_flags.as_flags('`dp=fixed` needs `clip`, not `clip_norm` (see `tff_dp.run`)',
+                             {'dp', 'clip'})
+          == '--dp=fixed needs --clip, not `clip_norm` (see `tff_dp.run`)')

@@ -140,14 +140,14 @@ def test_datasets_on_workers_is_validated_and_may_change_on_resume(tmp_path):
   recorded = json.loads(json.dumps(dataclasses.asdict(cfg)))   # As config.json holds it.
   assert experiment.resume_changes(recorded, changed) == {
       'datasets_on_workers': (False, True)}
-  with pytest.raises(UserInputError, match='--datasets_on_workers'):
+  with pytest.raises(UserInputError, match='`datasets_on_workers`'):
     dataclasses.replace(cfg, datasets_on_workers='yes').validate()
 
 
 def test_task_without_a_dataset_computation_is_a_user_error():
   class Task:   # A duck-typed task without `train_dataset_computation`.
     name = 'plain'
-  with pytest.raises(UserInputError, match='--datasets_on_workers'):
+  with pytest.raises(UserInputError, match='`datasets_on_workers`'):
     experiment._with_datasets_on_workers(object(), Task())  # pylint: disable=protected-access
 
 

@@ -94,7 +94,7 @@ def _assert_same_training(rows_a, rows_b):
 def test_parse_workers():
   assert distributed.parse_workers('a:1, b.example.org:8000') == ['a:1', 'b.example.org:8000']
   for bad in ['', 'a', 'a:b', ':80', 'a:0', 'a:70000', 'a:1,a:1']:
-    with pytest.raises(UserInputError, match='--workers'):
+    with pytest.raises(UserInputError, match='`workers`'):
       distributed.parse_workers(bad)
 
 

@@ -108,5 +108,26 @@ def test_loop_implementation_is_validated_and_may_change_on_resume(tmp_path):
   changed = dataclasses.replace(cfg, loop_implementation='dataset_reduce')
   assert experiment.resume_changes(recorded, changed) == {
       'loop_implementation': ('dataset_iterator', 'dataset_reduce')}
-  with pytest.raises(UserInputError, match='--loop_implementation'):
+  with pytest.raises(UserInputError, match='`loop_implementation`'):
     dataclasses.replace(cfg, loop_implementation='DATASET_REDUCE').validate()
+
+
+def test_worker_restarts_between_rounds_leave_the_model_unchanged(data_dir, tmp_path):
+  """--worker_restart_rounds=2: a fresh worker_binary from round 3 on, the same trained model."""
+  from tff_dp import runtime  # pylint: disable=g-import-not-at-top
+  runtime.configure_execution_context()   # The context the CLI runs in (restarts need it).
+  weights, pids = {}, {}
+  for every in (0, 2):
+    seen = []
+    cfg = experiment.ExperimentConfig(
+        root_output_dir=str(tmp_path), experiment_name=f'restart_{every}', total_rounds=4,
+        clients_per_round=5, dp='fixed', clip=1.0, noise_multiplier=0.0, sampling_seed=7,
+        max_eval_examples=50, accounting=('rdp',), seed=3, worker_restart_rounds=every)
+    summary = experiment.run(cfg, _task(data_dir),
+                             log=lambda s, seen=seen: seen.append(tuple(runtime.worker_pids())))
+    weights[every] = summary['final_state'].global_model_weights.trainable
+    pids[every] = [p for p in seen if p]
+  assert len(set(pids[0])) == 1                  # One worker for the whole run ...
+  assert len(set(pids[2])) == 2, pids[2]         # ... or a fresh one after round 2.
+  for kept, restarted in zip(weights[0], weights[2]):
+    np.testing.assert_allclose(kept, restarted, rtol=1e-6, atol=1e-7)

@@ -157,7 +157,7 @@ def test_stackoverflow_tag_task(cache):
 
 
 def test_unknown_task_and_missing_dir(tmp_path):
-  with pytest.raises(UserInputError, match='unknown --task'):
+  with pytest.raises(UserInputError, match='unknown `task`'):
     tasks.build_task('mnist', str(tmp_path))
   with pytest.raises(UserInputError, match='does not exist'):
     tasks.build_task('emnist', str(tmp_path / 'nope'))

@@ -6,8 +6,9 @@ exit code 2), so `--help` is handled here: the module's usage text and every fla
 """
 
 import os
+import re
 import sys
-from typing import Optional
+from typing import Collection, Optional
 
 from absl import flags
 
@@ -41,7 +42,22 @@ def path(value: Optional[str]) -> Optional[str]:
   return None if value is None else os.path.expanduser(value)
 
 
-def report(error: Exception) -> int:
-  """Prints the one `error:` line for bad input and returns the exit code 2."""
-  print(f'error: {" ".join(str(error).split())}', file=sys.stderr)
+# A parameter as library messages name it: `name` or `name=value` (see tff_dp.errors).
+_PARAMETER = re.compile(r'`([A-Za-z_]\w*)(=[^`]*)?`')
+
+
+def as_flags(message: str, flag_names: Collection[str]) -> str:
+  """`message` as a command-line user reads it: each parameter the library names in backticks
+  (`clip`, `dp=fixed`) that is one of `flag_names` becomes that flag (--clip, --dp=fixed);
+  any other backticked text is left as it is."""
+  def flag(match):
+    name, value = match.group(1), match.group(2) or ''
+    return f'--{name}{value}' if name in flag_names else match.group(0)
+  return _PARAMETER.sub(flag, message)
+
+
+def report(error: Exception, flag_names: Collection[str] = ()) -> int:
+  """Prints the one `error:` line for bad input (parameters named as `flag_names`' flags)
+  and returns the exit code 2."""
+  print(f'error: {as_flags(" ".join(str(error).split()), flag_names)}', file=sys.stderr)
   return 2

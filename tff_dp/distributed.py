@@ -58,13 +58,13 @@ def parse_workers(spec: str) -> list[str]:
   """'hostA:8000,hostB:8000' -> ['hostA:8000', 'hostB:8000'] (UserInputError if malformed)."""
   addresses = [a.strip() for a in spec.split(',') if a.strip()]
   if not addresses:
-    raise UserInputError('--workers needs at least one host:port')
+    raise UserInputError('`workers` needs at least one host:port')
   for a in addresses:
     host, sep, port = a.rpartition(':')
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-      raise UserInputError(f'--workers: expected host:port, got {a!r}')
+      raise UserInputError(f'`workers`: expected host:port, got {a!r}')
   if len(set(addresses)) != len(addresses):
-    raise UserInputError(f'--workers lists a worker twice: {spec!r}')
+    raise UserInputError(f'`workers` lists a worker twice: {spec!r}')
   return addresses
 
 
@@ -209,7 +209,7 @@ def install_worker_context(addresses: Sequence[str], *, unavailable_timeout: flo
   bytes sent, benchmarks/bench_client_bytes.py).
   """
   if unavailable_timeout <= 0 or (rpc_timeout is not None and rpc_timeout <= 0):
-    raise UserInputError('--worker_unavailable_timeout and --worker_rpc_timeout must be > 0')
+    raise UserInputError('`worker_unavailable_timeout` and `worker_rpc_timeout` must be > 0')
   connect_timeout = min(connect_timeout, unavailable_timeout)
   contexts = [_worker_context(a, unavailable_timeout, rpc_timeout, connect_timeout,
                               interceptors) for a in addresses]

@@ -1,4 +1,10 @@
-"""User-facing error type: bad input that the CLI reports as one line and exit code 2."""
+"""User-facing error types: bad input that the CLI reports as one line and exit code 2.
+
+Library messages name the parameter to change in backticks, as a Python caller passes it
+(`clip`, `dp=fixed`), never as a command-line flag: the entry points print them with
+`tff_dp.cli_flags.as_flags`, which turns the parameters that are flags of that command into
+`--clip`, `--dp=fixed`.
+"""
 
 
 class UserInputError(ValueError):

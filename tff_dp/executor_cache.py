@@ -65,6 +65,12 @@ class BoundedExecutorFactory(tff.framework.ExecutorFactory):
       self._inner.clean_up_executor(dict(oldest))
     return executor
 
+  def close_all(self) -> None:
+    """Closes every executor kept alive (before the worker is stopped: no call may run)."""
+    while self._live:
+      _, oldest = self._live.popitem(last=False)
+      self._inner.clean_up_executor(dict(oldest))
+
   def clean_up_executor(self, cardinalities):
     self._live.pop(_key(cardinalities), None)
     self._inner.clean_up_executor(cardinalities)

@@ -37,6 +37,10 @@ _installed = False
 # lower the worker's RSS by 300-500 MiB.
 DEFAULT_WORKER_ENV = {'MALLOC_ARENA_MAX': '2'}
 _worker_env: dict[str, str] = dict(DEFAULT_WORKER_ENV)
+# The context `configure_execution_context` installed and its executor factory, which
+# `restart_local_worker` needs to close every executor before it stops the worker.
+_installed_context = None
+_installed_factory = None
 
 
 def _children_of(pid: int) -> list[int]:
@@ -143,6 +147,31 @@ def shutdown_workers(timeout: float = 5.0) -> int:
       pass  # Already reaped (by TFF's Popen) or not our child.
   _detach_tff_service_managers()  # None of our workers is alive any more.
   return len(pids)
+
+
+def restart_local_worker() -> bool:
+  """Replaces the local worker_binary by a fresh one, between two computations.
+
+  Why: the worker's RSS still creeps up by ~0.3-0.5 MiB per round with two malloc arenas
+  (fragmentation of its main heap, BUILD_NOTES.md "Memory over long runs"), ~0.7 GB over a
+  1500-round run. A fresh process returns all of it, so restarting every N rounds bounds the
+  worker's memory whatever the cause. Results are unchanged: a TFF call's results are
+  materialized Python values and the worker holds no state between calls. The next computation
+  starts the new worker (TFF's service manager) and pays a worker start plus the executor's
+  set-up once.
+
+  Only for the context `configure_execution_context` installed (it owns the executor factory
+  whose executors must be closed first): returns False and does nothing otherwise (remote
+  workers, TFF's own default context). Never call it while a computation runs.
+  """
+  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.context_stack import context_stack_impl
+  if _installed_factory is None or context_stack_impl.context_stack.current is not (
+      _installed_context):
+    return False
+  _installed_factory.close_all()
+  shutdown_workers()
+  return True
 
 
 def _detach_tff_service_managers() -> None:
@@ -302,7 +331,7 @@ def configure_execution_context(*, max_concurrent_computation_calls: int = -1,
   from tensorflow_federated.python.core.environments.tensorflow_frontend import (
       tensorflow_computation)
   from tff_dp import executor_cache
-  global _worker_env
+  global _worker_env, _installed_context, _installed_factory
   shutdown_workers()
   _worker_env = dict(DEFAULT_WORKER_ENV if worker_env is None else worker_env)
   bind_workers_to_this_process()
@@ -314,7 +343,7 @@ def configure_execution_context(*, max_concurrent_computation_calls: int = -1,
   if client_slices < 1:
     raise ValueError(f'client_slices must be >= 1, got {client_slices}')
   if client_slices > 1:
-    tff.framework.set_default_context(
+    context = (
         tff.backends.native.create_mergeable_comp_execution_context(
             [tff.framework.AsyncExecutionContext(
                 executor_fn=factory,
@@ -322,9 +351,11 @@ def configure_execution_context(*, max_concurrent_computation_calls: int = -1,
                 transform_args=tensorflow_computation.transform_args,
                 transform_result=tensorflow_computation.transform_result)],
             num_subrounds=client_slices))
-    return
-  tff.framework.set_default_context(tff.framework.SyncExecutionContext(
-      executor_fn=factory,
-      compiler_fn=tff.backends.native.desugar_and_transform_to_native,
-      transform_args=tensorflow_computation.transform_args,
-      transform_result=tensorflow_computation.transform_result))
+  else:
+    context = tff.framework.SyncExecutionContext(
+        executor_fn=factory,
+        compiler_fn=tff.backends.native.desugar_and_transform_to_native,
+        transform_args=tensorflow_computation.transform_args,
+        transform_result=tensorflow_computation.transform_result)
+  tff.framework.set_default_context(context)
+  _installed_context, _installed_factory = context, factory

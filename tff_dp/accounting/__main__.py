@@ -102,7 +102,7 @@ def main(argv) -> int:
     else:
       _calibrate()
   except errors.UserInputError as e:
-    return cli_flags.report(e)
+    return cli_flags.report(e, FLAGS)
   return 0
 
 

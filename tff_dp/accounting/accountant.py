@@ -274,7 +274,7 @@ class LedgerAccountant:
       if 'pld' in self.methods and not self._pld_accountant.supports(event):
         raise errors.UserInputError(
             f'PLD cannot analyse round {record.round_num} ({record.sampling.kind} sampling '
-            f'under {self.neighboring_relation}); use methods=("rdp",) / --method rdp.')
+            f'under {self.neighboring_relation}); account it with RDP alone.')
       if 'rdp' in self.methods:
         rdp = self._per_round_rdp(event, record)
         self._rdp = rdp.copy() if self._rdp is None else self._rdp + rdp

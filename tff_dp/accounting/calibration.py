@@ -106,13 +106,12 @@ def calibrate_noise_multiplier(
   if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
     raise errors.UserInputError(f'rounds must be a positive integer, got {rounds!r}.')
   if method not in accountant.METHODS:
-    raise errors.UserInputError(f'method must be one of {accountant.METHODS}, got {method!r}.')
+    raise errors.UserInputError(f'`method` must be one of {accountant.METHODS}, got {method!r}.')
   relation = accountant.check_relation(neighboring_relation)
   if neighboring_relation == 'replace_one' and sampling != 'fixed_size':
     raise errors.UserInputError(
         "neighboring_relation 'replace_one' is analysed for fixed_size sampling only (Poisson "
-        "sampling is accounted under add_remove); use sampling='fixed_size' / --sampling "
-        'fixed_size.')
+        "sampling is accounted under add_remove); use `sampling=fixed_size`.")
   event = _sampling_event(sampling_probability, population_size, clients_per_round, sampling)
 
   def make_event(z: float) -> dp_accounting.DpEvent:

@@ -78,7 +78,7 @@ class TrainOnAggregate:
         raise UserInputError(
             f'training over the {self.kind!r} aggregate needs that aggregate to be maintained '
             f'(have: {", ".join(aggregates) or "none"}); set its parameter '
-            f'({"--ema_beta" if self.kind == "ema" else "--past_k"})')
+            f'({"`ema_beta`" if self.kind == "ema" else "`past_k`"})')
       agg = aggregates[self.kind]
     else:
       agg = aggregates

@@ -57,7 +57,7 @@ def main(argv) -> int:
                               cli_flags.path(FLAGS.output_dir), delta=FLAGS.delta,
                               method=FLAGS.method)
   except errors.UserInputError as e:
-    return cli_flags.report(e)
+    return cli_flags.report(e, FLAGS)
   print(f'wrote {out["table"]} and {len(out["plots"])} plots')
   return 0
 

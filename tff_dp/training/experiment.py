@@ -68,6 +68,9 @@ class ExperimentConfig:
   max_eval_examples: int = 2000
   client_cache_size: int = 1000             # Preprocessed client datasets kept in memory.
   prefetch_clients: bool = True             # Build the next round's datasets during a round.
+  # Replace the local TFF worker by a fresh process every N rounds (0: never), which bounds its
+  # memory over long runs (`tff_dp.runtime.restart_local_worker`). Same results.
+  worker_restart_rounds: int = 0
   # How TFF expresses a client's pass over its batches (`LOOP_IMPLEMENTATIONS`): the same SGD
   # steps either way; the iterator loop measured 1.2-1.5x faster than TFF's default
   # DatasetReduce on CPU (benchmarks/bench_limit.py: tff vs tff_iterator).
@@ -128,106 +131,108 @@ class ExperimentConfig:
       value = getattr(self, name)
       need(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
                              and math.isfinite(value)),
-           f'--{name} must be a finite number, got {value!r}')
+           f'`{name}` must be a finite number, got {value!r}')
     need(bool(self.experiment_name) and os.sep not in self.experiment_name
          and self.experiment_name not in ('.', '..'),
-         f'--experiment_name must be a plain non-empty name, got {self.experiment_name!r}')
-    need(self.total_rounds >= 1, f'--total_rounds must be >= 1, got {self.total_rounds}')
-    need(0 <= self.seed < 2**32, f'--seed must be in [0, 2^32), got {self.seed}')
+         f'`experiment_name` must be a plain non-empty name, got {self.experiment_name!r}')
+    need(self.total_rounds >= 1, f'`total_rounds` must be >= 1, got {self.total_rounds}')
+    need(self.worker_restart_rounds >= 0,
+         f'`worker_restart_rounds` must be >= 0, got {self.worker_restart_rounds}')
+    need(0 <= self.seed < 2**32, f'`seed` must be in [0, 2^32), got {self.seed}')
     need(self.sampling_seed is None or 0 <= self.sampling_seed < 2**63,
-         f'--sampling_seed must be in [0, 2^63) when set, got {self.sampling_seed}')
+         f'`sampling_seed` must be in [0, 2^63) when set, got {self.sampling_seed}')
     need(self.clients_per_round >= 1,
-         f'--clients_per_round must be a positive integer, got {self.clients_per_round}')
-    need(self.rounds_per_eval >= 1, f'--rounds_per_eval must be >= 1, got {self.rounds_per_eval}')
+         f'`clients_per_round` must be a positive integer, got {self.clients_per_round}')
+    need(self.rounds_per_eval >= 1, f'`rounds_per_eval` must be >= 1, got {self.rounds_per_eval}')
     need(self.max_train_clients is None or self.max_train_clients >= 1,
-         f'--max_train_clients must be >= 1 when set, got {self.max_train_clients}')
+         f'`max_train_clients` must be >= 1 when set, got {self.max_train_clients}')
     need(self.client_cache_size >= 0,
-         f'--client_cache_size must be >= 0, got {self.client_cache_size}')
+         f'`client_cache_size` must be >= 0, got {self.client_cache_size}')
     need(self.rounds_per_checkpoint >= 1,
-         f'--rounds_per_checkpoint must be >= 1, got {self.rounds_per_checkpoint}')
+         f'`rounds_per_checkpoint` must be >= 1, got {self.rounds_per_checkpoint}')
     need(self.max_eval_examples >= 0,
-         f'--max_eval_examples must be >= 0 (0: all), got {self.max_eval_examples}')
+         f'`max_eval_examples` must be >= 0 (0: all), got {self.max_eval_examples}')
     need(self.loop_implementation in LOOP_IMPLEMENTATIONS,
-         f'--loop_implementation must be one of {", ".join(LOOP_IMPLEMENTATIONS)}, got '
+         f'`loop_implementation` must be one of {", ".join(LOOP_IMPLEMENTATIONS)}, got '
          f'{self.loop_implementation!r}')
     need(isinstance(self.datasets_on_workers, bool),
-         f'--datasets_on_workers must be true or false, got {self.datasets_on_workers!r}')
+         f'`datasets_on_workers` must be true or false, got {self.datasets_on_workers!r}')
     need(self.client_sampling in ('poisson', 'fixed_size'),
-         f'--client_sampling must be poisson or fixed_size, got {self.client_sampling!r}')
+         f'`client_sampling` must be poisson or fixed_size, got {self.client_sampling!r}')
     need(self.client_optimizer in optimizers.OPTIMIZER_NAMES,
-         f'--client_optimizer must be one of {", ".join(optimizers.OPTIMIZER_NAMES)}, got '
+         f'`client_optimizer` must be one of {", ".join(optimizers.OPTIMIZER_NAMES)}, got '
          f'{self.client_optimizer!r}')
     need(self.server_optimizer in optimizers.OPTIMIZER_NAMES,
-         f'--server_optimizer must be one of {", ".join(optimizers.OPTIMIZER_NAMES)}, got '
+         f'`server_optimizer` must be one of {", ".join(optimizers.OPTIMIZER_NAMES)}, got '
          f'{self.server_optimizer!r}')
     need(self.client_learning_rate > 0,
-         f'--client_learning_rate must be positive, got {self.client_learning_rate}')
+         f'`client_learning_rate` must be positive, got {self.client_learning_rate}')
     need(self.server_learning_rate > 0,
-         f'--server_learning_rate must be positive, got {self.server_learning_rate}')
+         f'`server_learning_rate` must be positive, got {self.server_learning_rate}')
     need(0 <= self.server_momentum < 1,
-         f'--server_momentum must be in [0, 1), got {self.server_momentum}')
-    need(self.dp in DP_KINDS, f'--dp must be one of {", ".join(DP_KINDS)}, got {self.dp!r}')
+         f'`server_momentum` must be in [0, 1), got {self.server_momentum}')
+    need(self.dp in DP_KINDS, f'`dp` must be one of {", ".join(DP_KINDS)}, got {self.dp!r}')
     accounting = tuple(self.accounting)
     need(bool(accounting) and all(m in ('rdp', 'pld') for m in accounting)
          and len(set(accounting)) == len(accounting),
-         f'--accounting must be a non-empty list of rdp, pld, got {",".join(accounting)!r}')
-    need(self.pld_every >= 1, f'--pld_every must be >= 1, got {self.pld_every}')
+         f'`accounting` must be a non-empty list of rdp, pld, got {",".join(accounting)!r}')
+    need(self.pld_every >= 1, f'`pld_every` must be >= 1, got {self.pld_every}')
     need(0 < self.target_unclipped_quantile < 1,
-         f'--target_unclipped_quantile must be in (0, 1), got {self.target_unclipped_quantile}')
+         f'`target_unclipped_quantile` must be in (0, 1), got {self.target_unclipped_quantile}')
     need(self.clip_learning_rate > 0,
-         f'--clip_learning_rate must be positive, got {self.clip_learning_rate}')
+         f'`clip_learning_rate` must be positive, got {self.clip_learning_rate}')
     need(self.clip_update_rule in ('geometric', 'linear'),
-         f'--clip_update_rule must be geometric or linear, got {self.clip_update_rule!r}')
+         f'`clip_update_rule` must be geometric or linear, got {self.clip_update_rule!r}')
     need(self.clipped_count_stddev is None or self.clipped_count_stddev >= 0,
-         f'--clipped_count_stddev must be >= 0 when set, got {self.clipped_count_stddev}')
+         f'`clipped_count_stddev` must be >= 0 when set, got {self.clipped_count_stddev}')
     need(self.noise_allocation in ('proportional', 'dimensionality'),
-         f'--noise_allocation must be proportional or dimensionality, got '
+         f'`noise_allocation` must be proportional or dimensionality, got '
          f'{self.noise_allocation!r}')
     if self.dp == 'none':
       need(self.noise_multiplier in (None, 0.0),
-           '--noise_multiplier needs DP: set --dp=fixed|adaptive|per_layer_adaptive|joint')
+           '`noise_multiplier` needs DP: set `dp=fixed|adaptive|per_layer_adaptive|joint`')
     else:
       need(self.weighting == 'uniform',
-           f'--dp={self.dp} requires uniform client weighting (--weighting=uniform): a client '
+           f'`dp={self.dp}` requires uniform client weighting (`weighting=uniform`): a client '
            'weighted by its example count could exceed the clip-based sensitivity')
       need(self.clip is not None,
-           f'--dp={self.dp} needs --clip (the fixed clip, or the initial clip when adaptive): '
+           f'`dp={self.dp}` needs `clip` (the fixed clip, or the initial clip when adaptive): '
            'noise without a clip norm has no sensitivity to calibrate to')
-      need(self.clip > 0, f'--clip must be positive, got {self.clip}')
+      need(self.clip > 0, f'`clip` must be positive, got {self.clip}')
       need(self.noise_multiplier is not None and self.noise_multiplier >= 0,
-           f'--dp={self.dp} needs --noise_multiplier >= 0')
+           f'`dp={self.dp}` needs `noise_multiplier` >= 0')
     need(self.precondition in ('none', 'client', 'server'),
-         f'--precondition must be none, client or server, got {self.precondition!r}')
+         f'`precondition` must be none, client or server, got {self.precondition!r}')
     for name in ('precondition_cap', 'precondition_division', 'precondition_eps',
                  'precondition_rare_scale'):
-      need(getattr(self, name) > 0, f'--{name} must be positive, got {getattr(self, name)}')
+      need(getattr(self, name) > 0, f'`{name}` must be positive, got {getattr(self, name)}')
     need(self.precondition_num_frequent >= 0,
-         f'--precondition_num_frequent must be >= 0, got {self.precondition_num_frequent}')
+         f'`precondition_num_frequent` must be >= 0, got {self.precondition_num_frequent}')
     need(self.num_public_clients >= 1,
-         f'--num_public_clients must be >= 1, got {self.num_public_clients}')
+         f'`num_public_clients` must be >= 1, got {self.num_public_clients}')
     need(self.ema_beta is None or 0 <= self.ema_beta < 1,
-         f'--ema_beta must be in [0, 1) when set, got {self.ema_beta}')
-    need(self.past_k >= 0, f'--past_k must be >= 0, got {self.past_k}')
+         f'`ema_beta` must be in [0, 1) when set, got {self.ema_beta}')
+    need(self.past_k >= 0, f'`past_k` must be >= 0, got {self.past_k}')
     need(self.aggregate_start_round >= 0,
-         f'--aggregate_start_round must be >= 0, got {self.aggregate_start_round}')
+         f'`aggregate_start_round` must be >= 0, got {self.aggregate_start_round}')
     need(self.uncertainty_last_k == 0 or self.uncertainty_last_k >= 2,
-         '--uncertainty_last_k must be 0 (off) or >= 2 (a spread needs two checkpoints), got '
+         '`uncertainty_last_k` must be 0 (off) or >= 2 (a spread needs two checkpoints), got '
          f'{self.uncertainty_last_k}')
     need(self.train_on_aggregate in ('none', 'ema', 'past_k'),
-         f'--train_on_aggregate must be none, ema or past_k, got {self.train_on_aggregate!r}')
+         f'`train_on_aggregate` must be none, ema or past_k, got {self.train_on_aggregate!r}')
     if self.train_on_aggregate == 'ema':
-      need(self.ema_beta is not None, '--train_on_aggregate=ema needs --ema_beta')
+      need(self.ema_beta is not None, '`train_on_aggregate=ema` needs `ema_beta`')
     if self.train_on_aggregate == 'past_k':
-      need(self.past_k >= 1, '--train_on_aggregate=past_k needs --past_k >= 1')
+      need(self.past_k >= 1, '`train_on_aggregate=past_k` needs `past_k` >= 1')
     if self.max_epsilon is not None:
-      need(self.max_epsilon > 0, f'--max_epsilon must be positive, got {self.max_epsilon}')
-      need(self.dp != 'none', '--max_epsilon needs DP (--dp != none)')
+      need(self.max_epsilon > 0, f'`max_epsilon` must be positive, got {self.max_epsilon}')
+      need(self.dp != 'none', '`max_epsilon` needs DP (`dp` != none)')
     if self.delta is not None:
-      need(0 < self.delta < 1, f'--delta must be in (0, 1), got {self.delta}')
+      need(0 < self.delta < 1, f'`delta` must be in (0, 1), got {self.delta}')
     for key, value in self.paper_results.items():
       need(isinstance(value, (int, float)) and not isinstance(value, bool)
            and math.isfinite(value),
-           f'--paper_results: {key} must be a finite number, got {value!r}')
+           f'`paper_results`: {key} must be a finite number, got {value!r}')
 
 
 _FLOAT_FIELDS = tuple(f.name for f in dataclasses.fields(ExperimentConfig)
@@ -240,7 +245,8 @@ _FLOAT_FIELDS = tuple(f.name for f in dataclasses.fields(ExperimentConfig)
 # datasets_on_workers is execution too: where the same client pipelines are built.
 RESUMABLE_CHANGES = ('total_rounds', 'max_epsilon', 'rounds_per_eval',
                      'rounds_per_checkpoint', 'max_eval_examples', 'pld_every', 'accounting',
-                     'client_cache_size', 'prefetch_clients', 'loop_implementation',
+                     'client_cache_size', 'prefetch_clients', 'worker_restart_rounds',
+                     'loop_implementation',
                      'datasets_on_workers', 'runtime_settings', 'paper_table', 'paper_arm', 'paper_results',
                      'paper_note')
 
@@ -297,7 +303,7 @@ def _sampler(cfg: ExperimentConfig, client_ids):
   if population == 0:
     raise UserInputError('the training data has no clients')
   if cfg.clients_per_round > population:
-    raise UserInputError(f'--clients_per_round={cfg.clients_per_round} exceeds the '
+    raise UserInputError(f'`clients_per_round={cfg.clients_per_round}` exceeds the '
                          f'{population} training clients')
   if cfg.client_sampling == 'poisson':
     return sampling.PoissonSampler(client_ids, cfg.clients_per_round / population,
@@ -362,7 +368,7 @@ def _build_and_run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSigna
   train_ids = list(task.train_data.client_ids)
   if cfg.max_train_clients is not None:
     if cfg.max_train_clients > len(train_ids):
-      raise UserInputError(f'--max_train_clients={cfg.max_train_clients} exceeds the '
+      raise UserInputError(f'`max_train_clients={cfg.max_train_clients}` exceeds the '
                            f'{len(train_ids)} training clients')
     train_ids = train_ids[:cfg.max_train_clients]
   public_ids: list = []
@@ -419,8 +425,8 @@ def _build_and_run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSigna
           1, sampler.sampling_event(), planned_queries))
       if first > cfg.max_epsilon:
         raise UserInputError(
-            f'--max_epsilon={cfg.max_epsilon:g}: the first round alone would reach epsilon '
-            f'{first:.4g} at delta {delta:g}; raise --max_epsilon or --noise_multiplier '
+            f'`max_epsilon={cfg.max_epsilon:g}`: the first round alone would reach epsilon '
+            f'{first:.4g} at delta {delta:g}; raise `max_epsilon` or `noise_multiplier` '
             '(nothing was written)')
 
   # Built after the process: TFF traces model_fn inside a tf.compat.v1.Graph, which invalidates
@@ -459,7 +465,8 @@ def _build_and_run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSigna
       rounds_per_checkpoint=cfg.rounds_per_checkpoint, delta=delta,
       max_epsilon=cfg.max_epsilon, uncertainty_last_k=cfg.uncertainty_last_k,
       dp=cfg.dp, private_release=cfg.private_release,
-      client_cache_size=cfg.client_cache_size, prefetch_clients=cfg.prefetch_clients)
+      client_cache_size=cfg.client_cache_size, prefetch_clients=cfg.prefetch_clients,
+      worker_restart_rounds=cfg.worker_restart_rounds)
   log(f'run directory: {run_dir.path}  (population {len(train_ids)}, '
       f'{cfg.client_sampling} sampling, '
       f'{"secret" if sampler.secret else "seeded"} samples, delta {delta:g})')
@@ -491,7 +498,7 @@ def _with_datasets_on_workers(process, task):
   except ValueError:   # A FederatedTask whose data cannot be read from a traced id.
     computation = None
   if computation is None:
-    raise UserInputError(f'--datasets_on_workers: task {getattr(task, "name", task)!r} has no '
+    raise UserInputError(f'`datasets_on_workers`: task {getattr(task, "name", task)!r} has no '
                          'dataset computation of a client id (train_dataset_computation)')
   return tff.simulation.compose_dataset_computation_with_learning_process(computation, process)
 

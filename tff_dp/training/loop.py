@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tff_dp import errors
 from tff_dp import ledger as ledger_lib
+from tff_dp import runtime
 from tff_dp.aggregators import privacy_queries as privacy_queries_lib
 from tff_dp.training import client_data as client_data_lib
 from tff_dp.training import evaluation
@@ -38,6 +39,8 @@ class LoopConfig:
   private_release: bool = False     # Keep non-private diagnostics out of every output.
   client_cache_size: int = 1000     # Preprocessed client datasets kept (0: rebuild each round).
   prefetch_clients: bool = True     # Build round r+1's client datasets while round r runs.
+  # Replace the local TFF worker by a fresh process after every N-th round (0: never).
+  worker_restart_rounds: int = 0
 
 
 @dataclasses.dataclass
@@ -230,7 +233,7 @@ def _writing(what: str, where: str):
     raise errors.RunFailedError(
         f'could not write {what} in {where}: {reason}. Files '
         'written before are intact; fix the cause (free disk space, permissions) and rerun '
-        'with --resume') from e
+        'with `resume`') from e
 
 
 def _checkpoint_completed_rounds(c: LoopComponents, progress: _Progress) -> None:
@@ -242,7 +245,7 @@ def _checkpoint_completed_rounds(c: LoopComponents, progress: _Progress) -> None
           progress.round_num)
       progress.checkpointed = progress.round_num
     except (OSError, tf.errors.OpError) as e:
-      c.log(f'could not checkpoint round {progress.round_num} ({e}); --resume restarts from '
+      c.log(f'could not checkpoint round {progress.round_num} ({e}); `resume` restarts from '
             f'round {progress.checkpointed + 1}')
 
 
@@ -256,13 +259,13 @@ def _run_rounds(config: LoopConfig, c: LoopComponents, client_data, progress: _P
       _checkpoint_completed_rounds(c, progress)
       summary['stopped_by_signal'] = stop.name
       c.log(f'stopped by {stop.name} after round {progress.round_num}; checkpoint and ledger '
-            'are consistent, continue with --resume')
+            'are consistent, continue with `resume`')
       return
     if config.max_epsilon is not None:
       predicted = _predicted_epsilon(c, round_num, last_record)
       if predicted is not None and predicted > config.max_epsilon:
         c.log(f'stopping before round {round_num}: epsilon would reach {predicted:.4g} > '
-              f'--max_epsilon={config.max_epsilon:g}')
+              f'`max_epsilon={config.max_epsilon:g}`')
         summary['stopped_by_max_epsilon'] = True
         return
 
@@ -293,7 +296,7 @@ def _run_rounds(config: LoopConfig, c: LoopComponents, client_data, progress: _P
       raise errors.RunFailedError(
           f'round {round_num} failed in the TFF runtime ({type(e).__name__}: {first_line}). '
           f'Nothing of round {round_num} was written; outputs are complete up to round '
-          f'{progress.round_num}. Rerun with --resume') from e
+          f'{progress.round_num}. Rerun with `resume`') from e
     row['round_seconds'] = time.perf_counter() - t0
     state = output.state
     metrics = output.metrics
@@ -363,6 +366,9 @@ def _run_rounds(config: LoopConfig, c: LoopComponents, client_data, progress: _P
     if checkpoint_now:
       progress.checkpointed = round_num
     c.log(_console_line(row, config.total_rounds))
+    if (config.worker_restart_rounds and round_num % config.worker_restart_rounds == 0
+        and round_num < config.total_rounds):
+      runtime.restart_local_worker()   # Between rounds: no computation is running.
   if stop.received is not None and progress.round_num < config.total_rounds:
     _checkpoint_completed_rounds(c, progress)   # The last round was abandoned by the signal.
     summary['stopped_by_signal'] = stop.name

@@ -189,7 +189,7 @@ def _check_writable(root: str) -> None:
     os.close(fd)
     os.remove(probe)
   except OSError as e:
-    raise UserInputError(f'--root_output_dir {root} is not writable: {e.strerror or e}') from e
+    raise UserInputError(f'`root_output_dir` {root} is not writable: {e.strerror or e}') from e
 
 
 class RunDirectory:
@@ -197,15 +197,15 @@ class RunDirectory:
 
   def __init__(self, root_output_dir: str, experiment_name: str, *, resume: bool):
     if not experiment_name or os.sep in experiment_name or experiment_name in ('.', '..'):
-      raise UserInputError(f'invalid --experiment_name {experiment_name!r}: use a plain name')
+      raise UserInputError(f'invalid `experiment_name` {experiment_name!r}: use a plain name')
     self.path = os.path.join(root_output_dir, experiment_name)
     exists = os.path.isdir(self.path) and bool(os.listdir(self.path))
     if resume and not exists:
-      raise UserInputError(f'--resume given but run directory {self.path} does not exist')
+      raise UserInputError(f'`resume` given but run directory {self.path} does not exist')
     if not resume and exists:
       raise UserInputError(
-          f'run directory {self.path} already exists; pass --resume to continue it or choose '
-          'another --experiment_name (nothing was changed)')
+          f'run directory {self.path} already exists; pass `resume` to continue it or choose '
+          'another `experiment_name` (nothing was changed)')
     self.resume = resume
     self._created = False
     self._lock_file = None
