@@ -94,7 +94,7 @@ _DATASETS_ON_WORKERS = flags.DEFINE_bool(
     'datasets. Every worker must have the task\'s data at the same --data_dir path. Same '
     'results; the coordinator still reads each new client once to check its data.')
 _WORKER_RESTART_ROUNDS = flags.DEFINE_integer(
-    'worker_restart_rounds', 0,
+    'worker_restart_rounds', 100,
     'Replace the local TFF worker by a fresh process after every N-th round (0: never). Bounds '
     'the worker\'s memory over long runs (its heap fragments: ~0.3-0.5 MiB per round); same '
     'results, one worker start per restart. No effect with --workers.')

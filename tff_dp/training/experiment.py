@@ -70,7 +70,7 @@ class ExperimentConfig:
   prefetch_clients: bool = True             # Build the next round's datasets during a round.
   # Replace the local TFF worker by a fresh process every N rounds (0: never), which bounds its
   # memory over long runs (`tff_dp.runtime.restart_local_worker`). Same results.
-  worker_restart_rounds: int = 0
+  worker_restart_rounds: int = 100
   # How TFF expresses a client's pass over its batches (`LOOP_IMPLEMENTATIONS`): the same SGD
   # steps either way; the iterator loop measured 1.2-1.5x faster than TFF's default
   # DatasetReduce on CPU (benchmarks/bench_limit.py: tff vs tff_iterator).
