@@ -1,6 +1,5 @@
 """The training loop's privacy behaviour: --max_epsilon, and post-processing leaves the ledger alone."""
 
-import csv
 import dataclasses
 import json
 import os
@@ -15,6 +14,7 @@ from tff_dp.accounting import accountant as accountant_lib
 from tff_dp.errors import UserInputError
 from tff_dp.training import experiment
 from tff_dp.training import fed_avg
+from run_helpers import metrics_rows
 
 
 @pytest.fixture(scope='module')
@@ -37,8 +37,7 @@ def _run(data_dir, root, name, **overrides):
   cfg.update(overrides)
   summary = experiment.run(experiment.ExperimentConfig(**cfg), _task(data_dir),
                            log=lambda s: None)
-  with open(os.path.join(summary.run_dir, 'metrics.csv'), newline='') as f:
-    rows = list(csv.DictReader(f))
+  rows = metrics_rows(summary.run_dir)
   records = ledger_lib.read_ledger(os.path.join(summary.run_dir, 'ledger.jsonl'))
   return summary, rows, records
 

@@ -3,7 +3,6 @@ line order (deleted, duplicated, reordered lines; re-execution after a resume)."
 
 import glob
 import json
-import os
 
 import numpy as np
 import pytest
@@ -178,8 +177,7 @@ def test_reopen_appends(tmp_path):
     assert led.num_records == 2
     led.append(_record(3))
     assert led.num_records == 3
-  assert len(ledger.read_ledger(path)) == 3
-  assert os.path.getsize(path) > 0
+  assert [r.round_num for r in ledger.read_ledger(path)] == [1, 2, 3]
 
 
 def _lines(path):
