@@ -78,33 +78,41 @@ def test_explicit_vocab_order_and_mismatch():
     adadps.token_frequency_side_info(_WORDS, _SHAPES, vocab=vocab[:4])
 
 
-def test_side_info_file_npy_npz_and_validation(tmp_path):
+def test_side_info_file_flat_npy_fills_the_weights_in_order(tmp_path):
   flat = np.arange(21, dtype=np.float32)
   np.save(tmp_path / 'flat.npy', flat)
   info = adadps.load_side_info_file(str(tmp_path / 'flat.npy'), _SHAPES)
   np.testing.assert_array_equal(info.values[0], flat[:18].reshape(6, 3))
   np.testing.assert_array_equal(info.values[1], flat[18:])
 
+
+def test_side_info_file_broadcast_npy_scales_the_first_weight(tmp_path):
   np.save(tmp_path / 'rows.npy', np.full((6, 1), 2.0, np.float32))
-  info = adadps.load_side_info_file(str(tmp_path / 'rows.npy'), _SHAPES)
-  scales = adadps.build_scales(info)
+  scales = adadps.build_scales(adadps.load_side_info_file(str(tmp_path / 'rows.npy'), _SHAPES))
   assert scales[0].shape == (6, 1) and scales[1] == 1.0
 
+
+def test_side_info_file_npz_keys_name_weight_indices(tmp_path):
   np.savez(tmp_path / 'w.npz', **{'1': np.array([1.0, 2.0, 3.0])})
   info = adadps.load_side_info_file(str(tmp_path / 'w.npz'), _SHAPES)
   assert info.values[0] is None and info.values[1].shape == (3,)
 
-  np.save(tmp_path / 'bad.npy', np.ones((5, 3)))
-  with pytest.raises(UserInputError, match='trainable weight shapes'):
-    adadps.load_side_info_file(str(tmp_path / 'bad.npy'), _SHAPES)
-  np.savez(tmp_path / 'badkey.npz', kernel=np.ones((6, 3)))
-  with pytest.raises(UserInputError, match='unknown key'):
-    adadps.load_side_info_file(str(tmp_path / 'badkey.npz'), _SHAPES)
-  np.savez(tmp_path / 'badshape.npz', np.ones((6, 2)))
-  with pytest.raises(UserInputError, match='does not broadcast'):
-    adadps.load_side_info_file(str(tmp_path / 'badshape.npz'), _SHAPES)
-  with pytest.raises(UserInputError, match='not found'):
-    adadps.load_side_info_file(str(tmp_path / 'missing.npy'), _SHAPES)
+
+@pytest.mark.parametrize('name, content, match', [
+    pytest.param('bad.npy', np.ones((5, 3)), 'trainable weight shapes', id='npy_wrong_shape'),
+    pytest.param('badkey.npz', {'kernel': np.ones((6, 3))}, 'unknown key', id='npz_unknown_key'),
+    pytest.param('badshape.npz', {'arr_0': np.ones((6, 2))}, 'does not broadcast',
+                 id='npz_no_broadcast'),
+    pytest.param('missing.npy', None, 'not found', id='missing_file'),
+])
+def test_side_info_file_rejects(tmp_path, name, content, match):
+  path = tmp_path / name
+  if isinstance(content, dict):
+    np.savez(path, **content)
+  elif content is not None:
+    np.save(path, content)
+  with pytest.raises(UserInputError, match=match):
+    adadps.load_side_info_file(str(path), _SHAPES)
 
 
 def test_public_second_moment_matches_numpy():
@@ -301,21 +309,37 @@ class _FakeTask:
     return self._task.client_dataset(int(cid))
 
 
-def test_wiring_scales_for_task(sparse_task, freq_scales, tmp_path):
-  task = _FakeTask(sparse_task)
-  scales = adadps_setup.scales_for_task(task, 'word_freq', cap=1000.0, division=1.0)
+def test_scales_for_task_word_freq_are_the_frequency_scales(sparse_task, freq_scales):
+  scales = adadps_setup.scales_for_task(_FakeTask(sparse_task), 'word_freq', cap=1000.0,
+                                        division=1.0)
   np.testing.assert_allclose(scales[0], freq_scales[0])
-  with pytest.raises(UserInputError, match='tag_counts'):
-    adadps_setup.scales_for_task(task, 'tag_freq')
-  pub = adadps_setup.scales_for_task(task, 'public_clients', public_client_ids=['0', '1'], eps=1e-6)
+
+
+def test_scales_for_task_public_clients_scale_rare_features_up(sparse_task):
+  pub = adadps_setup.scales_for_task(_FakeTask(sparse_task), 'public_clients',
+                                     public_client_ids=['0', '1'], eps=1e-6)
   assert pub[0].shape == (sparse_task.num_features, 1) and np.all(pub[0] > 0)
   # Rare features have smaller gradient second moments -> larger scales.
   assert pub[0][50:].mean() > pub[0][:10].mean()
+
+
+def test_scales_for_task_reads_a_file(sparse_task, tmp_path):
   np.save(tmp_path / 's.npy', np.full((sparse_task.num_features, 1), 3.0))
-  assert np.all(adadps_setup.scales_for_task(task, f'file:{tmp_path / "s.npy"}')[0] == 3.0)
-  with pytest.raises(UserInputError, match='side_info'):
-    adadps_setup.scales_for_task(task, 'bogus')
-  opt = adadps_setup.client_optimizer('sgd', 0.1, scales)
-  assert isinstance(opt, tff.learning.optimizers.Optimizer)
-  assert isinstance(adadps_setup.server_aggregator(scales, None),
+  scales = adadps_setup.scales_for_task(_FakeTask(sparse_task), f'file:{tmp_path / "s.npy"}')
+  assert np.all(scales[0] == 3.0)
+
+
+@pytest.mark.parametrize('side_info, match', [
+    pytest.param('tag_freq', 'tag_counts', id='task_without_tag_counts'),
+    pytest.param('bogus', 'side_info', id='unknown_side_info'),
+])
+def test_scales_for_task_rejects(sparse_task, side_info, match):
+  with pytest.raises(UserInputError, match=match):
+    adadps_setup.scales_for_task(_FakeTask(sparse_task), side_info)
+
+
+def test_adadps_setup_builds_a_tff_optimizer_and_aggregator(freq_scales):
+  assert isinstance(adadps_setup.client_optimizer('sgd', 0.1, freq_scales),
+                    tff.learning.optimizers.Optimizer)
+  assert isinstance(adadps_setup.server_aggregator(freq_scales, None),
                     tff.aggregators.UnweightedAggregationFactory)

@@ -182,7 +182,7 @@ def test_per_layer_clips_track_their_own_layer_quantile():
   assert q['update/group_0'][0] == pytest.approx(tails['group_0'][-2], rel=1e-5)
 
 
-def test_per_layer_groups_and_budget():
+def test_per_layer_groups_split_the_noise_budget():
   shapes = [(10,), (2,), (100,)]
   factory = aggregators.PerLayerAdaptiveClipFactory(
       noise_multiplier=0.5, clients_per_round=20.0, initial_clip=[1.0, 2.0],
@@ -194,6 +194,9 @@ def test_per_layer_groups_and_budget():
   assert q['update/group_0'] == pytest.approx((1.0, z_v * math.sqrt(112 / 12) * 1.0), rel=1e-6)
   assert q['update/group_1'] == pytest.approx((2.0, z_v * math.sqrt(112 / 100) * 2.0), rel=1e-6)
   assert _combined_z([s / c for c, s in q.values()]) == pytest.approx(0.5, rel=1e-5)
+
+
+def test_per_layer_groups_must_partition_the_weights():
   with pytest.raises(UserInputError, match='partition'):
     _process(aggregators.PerLayerAdaptiveClipFactory(
         noise_multiplier=0.0, clients_per_round=2.0, initial_clip=1.0, groups=[[0], [0, 1]]),
