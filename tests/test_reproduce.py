@@ -18,6 +18,8 @@ from run_helpers import metrics_rows
 from run_helpers import REPO
 from run_helpers import script
 from run_helpers import script_env
+from run_helpers import tagged_env
+from run_helpers import tagged_workers
 
 EXPERIMENTS = os.path.join(REPO, 'experiments')
 TABLES = sorted(d for d in os.listdir(EXPERIMENTS) if os.path.isdir(os.path.join(EXPERIMENTS, d)))
@@ -26,8 +28,8 @@ ARMS = sorted(p for p in glob.glob(os.path.join(EXPERIMENTS, '*', '*.flags'))
               if not p.endswith('smoke.flags'))
 
 
-def _reproduce(args, timeout=1800):
-  return subprocess.run(script('reproduce.py') + args, env=script_env(),
+def _reproduce(args, timeout=1800, env=None):
+  return subprocess.run(script('reproduce.py') + args, env=env or script_env(),
                         capture_output=True, text=True, timeout=timeout)
 
 
@@ -134,8 +136,8 @@ def _independent_epsilon(run_dir, delta):
 
 @pytest.mark.slow
 def test_every_table_reproduces_at_smoke_scale(tmp_path):
-  orphans_before = set(runtime.orphaned_worker_pids())   # Only this test's leaks count.
-  out = _reproduce(['--table=all', '--scale=smoke', f'--root_output_dir={tmp_path}'])
+  env, tag = tagged_env()   # Only this test's workers are judged (run_helpers.tagged_workers).
+  out = _reproduce(['--table=all', '--scale=smoke', f'--root_output_dir={tmp_path}'], env=env)
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   for table in TABLES:
     table_dir = tmp_path / f'{table}-smoke'
@@ -171,11 +173,11 @@ def test_every_table_reproduces_at_smoke_scale(tmp_path):
   assert eps['last_iterate'] == eps['train_on_ema']
   # A second invocation finds every arm complete and only rebuilds the tables.
   again = _reproduce(['--table=all', '--scale=smoke', f'--root_output_dir={tmp_path}'],
-                     timeout=300)
+                     timeout=300, env=env)
   assert again.returncode == 0 and again.stdout.count('complete, skipped') == sum(
       len(_table_rows(tmp_path / f'{t}-smoke' / 'results.md')) for t in TABLES)
   # Every arm's process stopped its worker.
-  assert set(runtime.orphaned_worker_pids()) - orphans_before == set()
+  assert tagged_workers(tag) == set()
 
 
 def _finished_run(cli_flags, runs_dir, arm_file, name, extra=(), scale='smoke'):
