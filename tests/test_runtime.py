@@ -55,6 +55,7 @@ def test_sigterm_stops_worker():
   assert 'result 42' in proc.stdout.readline()
   children = runtime.worker_pids(proc.pid)
   assert len(children) == 1, 'the program should have started exactly one worker'
+  assert tagged_workers(tag) == set(children)   # The leak check below sees this run's workers.
   proc.send_signal(signal.SIGTERM)
   proc.communicate(timeout=60)
   assert proc.returncode != 0
