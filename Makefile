@@ -14,10 +14,15 @@ setup: $(STAMP)
 
 # TFF 0.87.0 pins jaxlib==0.4.14, which the registry lacks: install its pinned dependency set
 # (with jaxlib 0.4.13, accepted by jax 0.4.14) from the lock, then TFF with --no-deps.
+# The lock is the complete environment, installed with --no-deps: TFF and tensorflow-privacy
+# require `tensorflow`, which would pull in the GPU build beside the lock's tensorflow-cpu (same
+# files, CUDA/cuDNN errors on CPU-only machines). A GPU `tensorflow` of an older install is
+# removed first, since both builds write the same package directory (README "GPU").
 $(STAMP): requirements/lock.txt setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip==23.3.2
-	$(PIP) install -q -r requirements/lock.txt
+	$(PIP) uninstall -q -y tensorflow 2>/dev/null || true
+	$(PIP) install -q --no-deps -r requirements/lock.txt
 	$(PIP) install -q --no-deps tensorflow-federated==$(TFF_VERSION)
 	$(PIP) install -q --no-deps -e .
 	$(PY) -c "import tensorflow_federated as tff; assert tff.__version__ == '$(TFF_VERSION)'"

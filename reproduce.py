@@ -365,9 +365,12 @@ def main(argv) -> int:
   if len(argv) > 1:
     print(f'error: unexpected arguments {argv[1:]}', file=sys.stderr)
     return 2
+  # `~` expanded in every path flag (shells leave `--flag=~/x` alone).
+  experiments_dir = os.path.expanduser(_EXPERIMENTS.value)
+  root_output_dir = os.path.expanduser(_ROOT_OUTPUT_DIR.value)
   if not _TABLE.value:
     print('error: --table is required; available: '
-          f'{", ".join(list_tables(_EXPERIMENTS.value))}, all', file=sys.stderr)
+          f'{", ".join(list_tables(experiments_dir))}, all', file=sys.stderr)
     return 2
   import tff_dp  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   from tff_dp import cli_flags  # pylint: disable=g-import-not-at-top
@@ -378,13 +381,13 @@ def main(argv) -> int:
           'TFF\'s loaders, e.g. tff.simulation.datasets.emnist.load_data(only_digits=False, '
           f'cache_dir="{data_dir}")', file=sys.stderr)
     return 2
-  names = (list_tables(_EXPERIMENTS.value) if _TABLE.value == 'all' else [_TABLE.value])
+  names = (list_tables(experiments_dir) if _TABLE.value == 'all' else [_TABLE.value])
   failed = []
   try:
     # Every table is planned (and its reused runs checked) before the first arm runs.
     plans = [plan_table(table, scale=_SCALE.value, data_dir=data_dir,
-                        root_output_dir=_ROOT_OUTPUT_DIR.value,
-                        experiments_dir=_EXPERIMENTS.value, arms=_ARMS.value, extra=_EXTRA.value)
+                        root_output_dir=root_output_dir,
+                        experiments_dir=experiments_dir, arms=_ARMS.value, extra=_EXTRA.value)
              for table in names]
     for plan in plans:
       summary = run_table(plan, dry_run=_DRY_RUN.value)

@@ -397,12 +397,12 @@ def main(argv):
     print('error: interrupted; outputs written so far are intact, continue with --resume',
           file=sys.stderr)
     return 130
-  if summary.get('stopped_by_signal'):
-    signum = int(getattr(signal, summary['stopped_by_signal']))
-    print(f'stopped by {summary["stopped_by_signal"]} after round {summary["rounds_completed"]}; '
-          f'outputs in {summary["run_dir"]} are consistent: continue with --resume')
+  if summary.stopped_by_signal:
+    signum = int(getattr(signal, summary.stopped_by_signal))
+    print(f'stopped by {summary.stopped_by_signal} after round {summary.rounds_completed}; '
+          f'outputs in {summary.run_dir} are consistent: continue with --resume')
     return 128 + signum
-  print(f'done: {summary["rounds_completed"]} rounds; outputs in {summary["run_dir"]}')
+  print(f'done: {summary.rounds_completed} rounds; outputs in {summary.run_dir}')
   return 0
 
 

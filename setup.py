@@ -2,7 +2,10 @@
 
 Dependencies are pinned in requirements/lock.txt and installed by `make setup`; TFF 0.87.0 itself
 must be installed with --no-deps (its jaxlib==0.4.14 pin is unavailable; see BUILD_NOTES.md), so
-it is deliberately not listed in install_requires.
+it is deliberately not listed in install_requires. Nor are TensorFlow (the CPU build
+tensorflow-cpu by default, the GPU build `tensorflow` on request: README "GPU"; pip cannot
+express "either") and tensorflow-privacy (it requires `tensorflow`, which would pull in the GPU
+build); both come from the lock.
 """
 
 import setuptools
@@ -18,8 +21,6 @@ setuptools.setup(
     install_requires=[
         'absl-py==1.4.0',
         'dp-accounting==0.4.3',
-        'tensorflow==2.14.1',
-        'tensorflow-privacy==0.9.0',
         'matplotlib==3.8.4',
         'numpy==1.25.2',
     ],

@@ -1,9 +1,9 @@
 """AdaDPS benchmark: DP-FedAvg with and without side-information preconditioning.
 
-Runs the seeded synthetic sparse linear task (AdaDPS toy example) and, when the `tasks` package
-provides it, the (synthetic-cache) StackOverflow tag-prediction task, at the same clip, noise,
-clients per round and rounds, and prints a small table. The baseline gets a small client
-learning-rate grid, so the comparison is not won by tuning AdaDPS alone.
+Runs the seeded synthetic sparse linear task (AdaDPS toy example) and the (synthetic-cache)
+StackOverflow tag-prediction task, at the same clip, noise, clients per round and rounds, and
+prints a small table. The baseline gets a small client learning-rate grid, so the comparison
+is not won by tuning AdaDPS alone.
 
   .venv/bin/python benchmarks/bench_adadps.py [--rounds 30] [--skip_stackoverflow]
 """
@@ -23,16 +23,10 @@ import tensorflow_federated as tff  # noqa: E402
 from tff_dp import adadps  # noqa: E402
 from tff_dp.adadps import synthetic  # noqa: E402
 from tff_dp.training import adadps_setup  # noqa: E402
+from tff_dp.aggregators.fixed import FixedClipGaussianFactory  # noqa: E402
 from tff_dp.aggregators.preconditioned import PreconditionedFactory  # noqa: E402
-
-
-def _dp_factory(clip, noise, clients_per_round):
-  try:
-    from tff_dp.aggregators.fixed import FixedClipGaussianFactory  # pylint: disable=g-import-not-at-top,line-too-long
-    return FixedClipGaussianFactory(clip, noise, clients_per_round)
-  except ImportError:
-    return tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
-        noise, clients_per_round, clip)
+import tasks  # noqa: E402
+from tasks import synthetic_data  # noqa: E402
 
 
 def _train(model_fn, client_datasets_fn, num_clients, client_opt, aggregator, rounds,
@@ -64,7 +58,7 @@ def bench_sparse(args, rows):
   # for the frequency scales, so one learning rate fits both.
   sm_scales = [s / sm_scales[0].min() for s in sm_scales]
   sgd = tff.learning.optimizers.build_sgdm
-  dp = lambda: _dp_factory(args.clip, args.noise, args.clients_per_round)
+  dp = lambda: FixedClipGaussianFactory(args.clip, args.noise, args.clients_per_round)
   configs = [(f'DP-FedAvg lr={lr}', lambda lr=lr: (sgd(lr), dp())) for lr in (0.01, 0.03, 0.1)]
   configs += [
       ('AdaDPS client, feature freq lr=0.03',
@@ -87,12 +81,6 @@ def bench_sparse(args, rows):
 
 
 def bench_stackoverflow(args, rows):
-  try:
-    import tasks  # pylint: disable=g-import-not-at-top
-    from tasks import synthetic_data  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    print(f'(stackoverflow_tag skipped: tasks package unavailable: {e})')
-    return
   data_dir = args.data_dir or tempfile.mkdtemp(prefix='bench_adadps_')
   synthetic_data.ensure_default_cache(data_dir, 'stackoverflow_tag')
   task = tasks.build_task('stackoverflow_tag', data_dir)
@@ -104,7 +92,7 @@ def bench_stackoverflow(args, rows):
   eval_ds = task.preprocess_eval(
       task.test_data.create_tf_dataset_from_all_clients().take(2000))
   sgd = tff.learning.optimizers.build_sgdm
-  dp = lambda: _dp_factory(args.clip, args.noise, clients_per_round)
+  dp = lambda: FixedClipGaussianFactory(args.clip, args.noise, clients_per_round)
   for name, opt in [(f'DP-FedAvg lr={args.so_lr}', sgd(args.so_lr)),
                     (f'AdaDPS client, word freq lr={args.so_lr}',
                      adadps.build_preconditioned_sgd(args.so_lr, scales))]:

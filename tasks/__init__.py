@@ -1,6 +1,7 @@
 """Benchmark tasks (EMNIST, StackOverflow next-word and tag prediction) on TFF's loaders."""
 
 import inspect
+import os
 from typing import Optional
 
 import tensorflow_federated as tff
@@ -45,4 +46,5 @@ def build_task(name: str, data_dir: str, *, client_batch_size: int = 20,
   unknown = sorted(set(task_options) - allowed)
   if unknown:
     raise UserInputError(f'task {name!r} has no option(s) {unknown}; valid: {sorted(allowed)}')
-  return builder(data_dir, spec, shuffle_seed=shuffle_seed, **task_options)
+  # `~` expanded here, where the path is used, for every caller (shells leave `--x=~/y` alone).
+  return builder(os.path.expanduser(data_dir), spec, shuffle_seed=shuffle_seed, **task_options)

@@ -294,6 +294,7 @@ def ensure_default_cache(cache_dir: str, task_name: str) -> str:
   if task_name not in ('emnist', 'stackoverflow_word', 'stackoverflow_tag'):
     raise UserInputError(f'no embedded dataset for task {task_name!r}')
   family = 'emnist' if task_name == 'emnist' else 'stackoverflow'
+  cache_dir = os.path.expanduser(cache_dir)   # `~` as a user may type it in a path flag.
   marker = os.path.join(cache_dir, _MARKER.format(family))
   db = emnist_task.DB_NAME if family == 'emnist' else so_task.DB_NAME
   if os.path.exists(marker) and os.path.exists(os.path.join(cache_dir, db)):

@@ -3,7 +3,6 @@ server-side factory, privacy invariance, and the sparse-linear evidence run thro
 
 import collections
 
-import dp_accounting
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -13,6 +12,8 @@ from tff_dp import adadps
 from tff_dp.adadps import preconditioner as precond_lib
 from tff_dp.adadps import synthetic
 from tff_dp.training import adadps_setup
+from tff_dp.aggregators import privacy_queries
+from tff_dp.aggregators.fixed import FixedClipGaussianFactory
 from tff_dp.aggregators.preconditioned import PreconditionedFactory
 from tff_dp.errors import UserInputError
 
@@ -77,33 +78,41 @@ def test_explicit_vocab_order_and_mismatch():
     adadps.token_frequency_side_info(_WORDS, _SHAPES, vocab=vocab[:4])
 
 
-def test_side_info_file_npy_npz_and_validation(tmp_path):
+def test_side_info_file_flat_npy_fills_the_weights_in_order(tmp_path):
   flat = np.arange(21, dtype=np.float32)
   np.save(tmp_path / 'flat.npy', flat)
   info = adadps.load_side_info_file(str(tmp_path / 'flat.npy'), _SHAPES)
   np.testing.assert_array_equal(info.values[0], flat[:18].reshape(6, 3))
   np.testing.assert_array_equal(info.values[1], flat[18:])
 
+
+def test_side_info_file_broadcast_npy_scales_the_first_weight(tmp_path):
   np.save(tmp_path / 'rows.npy', np.full((6, 1), 2.0, np.float32))
-  info = adadps.load_side_info_file(str(tmp_path / 'rows.npy'), _SHAPES)
-  scales = adadps.build_scales(info)
+  scales = adadps.build_scales(adadps.load_side_info_file(str(tmp_path / 'rows.npy'), _SHAPES))
   assert scales[0].shape == (6, 1) and scales[1] == 1.0
 
+
+def test_side_info_file_npz_keys_name_weight_indices(tmp_path):
   np.savez(tmp_path / 'w.npz', **{'1': np.array([1.0, 2.0, 3.0])})
   info = adadps.load_side_info_file(str(tmp_path / 'w.npz'), _SHAPES)
   assert info.values[0] is None and info.values[1].shape == (3,)
 
-  np.save(tmp_path / 'bad.npy', np.ones((5, 3)))
-  with pytest.raises(UserInputError, match='trainable weight shapes'):
-    adadps.load_side_info_file(str(tmp_path / 'bad.npy'), _SHAPES)
-  np.savez(tmp_path / 'badkey.npz', kernel=np.ones((6, 3)))
-  with pytest.raises(UserInputError, match='unknown key'):
-    adadps.load_side_info_file(str(tmp_path / 'badkey.npz'), _SHAPES)
-  np.savez(tmp_path / 'badshape.npz', np.ones((6, 2)))
-  with pytest.raises(UserInputError, match='does not broadcast'):
-    adadps.load_side_info_file(str(tmp_path / 'badshape.npz'), _SHAPES)
-  with pytest.raises(UserInputError, match='not found'):
-    adadps.load_side_info_file(str(tmp_path / 'missing.npy'), _SHAPES)
+
+@pytest.mark.parametrize('name, content, match', [
+    pytest.param('bad.npy', np.ones((5, 3)), 'trainable weight shapes', id='npy_wrong_shape'),
+    pytest.param('badkey.npz', {'kernel': np.ones((6, 3))}, 'unknown key', id='npz_unknown_key'),
+    pytest.param('badshape.npz', {'arr_0': np.ones((6, 2))}, 'does not broadcast',
+                 id='npz_no_broadcast'),
+    pytest.param('missing.npy', None, 'not found', id='missing_file'),
+])
+def test_side_info_file_rejects(tmp_path, name, content, match):
+  path = tmp_path / name
+  if isinstance(content, dict):
+    np.savez(path, **content)
+  elif content is not None:
+    np.save(path, content)
+  with pytest.raises(UserInputError, match=match):
+    adadps.load_side_info_file(str(path), _SHAPES)
 
 
 def test_public_second_moment_matches_numpy():
@@ -164,13 +173,16 @@ def test_preconditioned_optimizer_rejects_mismatched_scales():
 # ---------------------------------------------------------------------- server-side factory
 
 
+_VALUE_TYPE = tff.StructWithPythonType(
+    [tff.TensorType(np.float32, (3, 2)), tff.TensorType(np.float32, (2,))], list)
+_BIG_SCALES = [np.full((3, 1), 1000.0, np.float32), np.ones((), np.float32)]
+
+
 @pytest.mark.parametrize('unscale', [False, True])
 def test_preconditioned_factory_scales_before_inner_and_unscales_after(unscale):
-  value_type = tff.StructWithPythonType(
-      [tff.TensorType(np.float32, (3, 2)), tff.TensorType(np.float32, (2,))], list)
   scales = [np.array([[1.0], [2.0], [4.0]], np.float32), np.ones((), np.float32)]
   process = PreconditionedFactory(scales, tff.aggregators.UnweightedMeanFactory(),
-                                  unscale=unscale).create(value_type)
+                                  unscale=unscale).create(_VALUE_TYPE)
   rng = np.random.default_rng(2)
   values = [[rng.standard_normal((3, 2)).astype(np.float32),
              rng.standard_normal(2).astype(np.float32)] for _ in range(3)]
@@ -190,6 +202,43 @@ def test_preconditioned_factory_validates_scales():
     PreconditionedFactory([np.zeros((3, 1))], unscale=True).create(value_type)
 
 
+def _client_value(seed):
+  rng = np.random.default_rng(seed)
+  return [rng.standard_normal((3, 2)).astype(np.float32), rng.standard_normal(2).astype(np.float32)]
+
+
+@pytest.mark.parametrize('unscale', [False, True])
+def test_server_preconditioning_scales_before_clipping(unscale):
+  """Scales of 1000 cannot lift a client's contribution above the clip: the wrapper scales the
+  update first and the inner DP factory clips the scaled update, so the sensitivity it reports
+  (the clip) holds for the preconditioned sum. Zero noise and one client: the result is the
+  clipped (and, with `unscale`, unscaled) update itself."""
+  value = _client_value(3)
+  inner = FixedClipGaussianFactory(clip=1.0, noise_multiplier=0.0, clients_per_round=1.0)
+  process = PreconditionedFactory(_BIG_SCALES, inner, unscale=unscale).create(_VALUE_TYPE)
+  out = process.next(process.initialize(), [value])
+  scaled = [value[0].astype(np.float64) * 1000.0, value[1].astype(np.float64)]
+  norm = np.sqrt(sum(np.sum(v ** 2) for v in scaled))
+  assert norm > 100   # The scaled update is far above the clip: clipping must act.
+  contribution = [v / norm for v in scaled]   # Clipped to L2 norm 1 (the clip).
+  want = [contribution[0] / 1000.0, contribution[1]] if unscale else contribution
+  for got, exp in zip(out.result, want):
+    np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-8)
+
+
+def test_server_preconditioning_reports_the_inner_privacy_queries():
+  """The wrapped factory's ledger tuples are the bare factory's, under the wrapper's path."""
+  def reported(factory):
+    process = factory.create(_VALUE_TYPE)
+    out = process.next(process.initialize(), [_client_value(4), _client_value(5)])
+    return [(q.name, q.l2_norm_clip, q.noise_stddev)
+            for q in privacy_queries.find_privacy_queries(out.measurements)]
+  bare = reported(FixedClipGaussianFactory(0.5, 1.5, 2.0))
+  wrapped = reported(PreconditionedFactory(_BIG_SCALES, FixedClipGaussianFactory(0.5, 1.5, 2.0)))
+  assert bare == [('update', 0.5, 0.75)]   # clip and z * clip, exact in float32.
+  assert wrapped == [('preconditioned/update', 0.5, 0.75)]
+
+
 # ------------------------------------------------------------- end-to-end through TFF (DP)
 
 _CLIENTS_PER_ROUND = 20
@@ -197,61 +246,21 @@ _CLIP = 1.0
 _NOISE = 1.0
 
 
-try:  # The project's fixed-clip factory + `privacy_queries` reader, once they exist.
-  from tff_dp.aggregators import privacy_queries  # pylint: disable=g-import-not-at-top
-  from tff_dp.aggregators.fixed import FixedClipGaussianFactory  # pylint: disable=g-import-not-at-top,line-too-long
-except ImportError:
-  privacy_queries = FixedClipGaussianFactory = None
-
-
 def _dp_factory():
-  """The project's fixed-clip Gaussian factory when present, else TFF's equivalent."""
-  if FixedClipGaussianFactory is not None:
-    return FixedClipGaussianFactory(_CLIP, _NOISE, _CLIENTS_PER_ROUND)
-  return tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
-      _NOISE, _CLIENTS_PER_ROUND, _CLIP)
+  return FixedClipGaussianFactory(_CLIP, _NOISE, _CLIENTS_PER_ROUND)
 
 
-def _round_events(state, metrics):
-  """(DpEvent, comparable report) of the round: from the `privacy_queries` measurement when the
-  project factory is used, else from TFF's DP aggregator state (the query just executed)."""
-  if privacy_queries is not None:
-    queries = privacy_queries.find_privacy_queries(metrics)
-    assert queries, 'no privacy_queries measurement found'
-    event = dp_accounting.ComposedDpEvent(
-        [dp_accounting.GaussianDpEvent(float(q.noise_stddev) / float(q.l2_norm_clip))
-         for q in queries])
-    # Names carry the wrapper's path ('preconditioned/update'); the mechanism is the values.
-    return event, tuple((q.name.split('/')[-1], float(q.l2_norm_clip), float(q.noise_stddev))
-                        for q in queries)
-  event = tff.aggregators.differential_privacy.extract_dp_event_from_state(state.aggregator)
-  assert isinstance(event, dp_accounting.GaussianDpEvent), event
-  return event, repr(event)
-
-
-def _run(task, client_opt, aggregator, rounds, seed=1):
+def _train_loss(task, client_opt, aggregator, rounds, seed=1):
+  """The task's loss after `rounds` rounds of DP-FedAvg with `client_opt` and `aggregator`."""
   process = tff.learning.algorithms.build_unweighted_fed_avg(
       task.model_fn, client_optimizer_fn=client_opt,
       server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0), model_aggregator=aggregator)
   state = process.initialize()
   rng = np.random.default_rng(seed)
-  events, reported = [], []
   for _ in range(rounds):
     ids = rng.choice(task.num_clients, _CLIENTS_PER_ROUND, replace=False)
-    out = process.next(state, [task.client_dataset(i) for i in ids])
-    # TFF's DP state records the event of the query just executed.
-    event, rep = _round_events(out.state, out.metrics['aggregator'])
-    events.append(event)
-    reported.append(rep)
-    state = out.state
-  return task.loss(process.get_model_weights(state).trainable[0]), events, reported
-
-
-def _epsilon(events, population, delta=1e-5):
-  acc = dp_accounting.rdp.RdpAccountant()
-  for e in events:
-    acc.compose(dp_accounting.PoissonSampledDpEvent(_CLIENTS_PER_ROUND / population, e))
-  return acc.get_epsilon(delta)
+    state = process.next(state, [task.client_dataset(i) for i in ids]).state
+  return task.loss(process.get_model_weights(state).trainable[0])
 
 
 @pytest.fixture(scope='module')
@@ -267,31 +276,15 @@ def freq_scales(sparse_task):
 
 
 @pytest.mark.slow
-def test_privacy_events_identical_with_and_without_preconditioning(sparse_task, freq_scales):
-  rounds = 2
-  _, base_events, base_rep = _run(sparse_task, tff.learning.optimizers.build_sgdm(0.03),
-                                  _dp_factory(), rounds)
-  _, client_events, client_rep = _run(
-      sparse_task, adadps.build_preconditioned_sgd(0.03, freq_scales), _dp_factory(), rounds)
-  _, server_events, server_rep = _run(
-      sparse_task, tff.learning.optimizers.build_sgdm(0.03),
-      PreconditionedFactory(freq_scales, _dp_factory(), unscale=True), rounds)
-  assert base_rep == client_rep == server_rep
-  eps = [_epsilon(ev, sparse_task.num_clients) for ev in (base_events, client_events,
-                                                            server_events)]
-  assert eps[0] == eps[1] == eps[2] and np.isfinite(eps[0]) and eps[0] > 0
-
-
-@pytest.mark.slow
 def test_client_adadps_beats_dp_fedavg_on_sparse_linear_task(sparse_task, freq_scales):
   """Same clip, noise, clients and rounds. The baseline runs at its best client learning rate
   from the grid {0.01, 0.03, 0.1, 0.3} (0.3 diverges; see benchmarks/bench_adadps.py), AdaDPS at
   0.03 (its best; 0.1 diverges with the x18 steps on rare features)."""
   rounds = 30
   initial = sparse_task.loss(np.zeros((sparse_task.num_features, 1)))
-  base = _run(sparse_task, tff.learning.optimizers.build_sgdm(0.1), _dp_factory(), rounds)[0]
-  ada = _run(sparse_task, adadps.build_preconditioned_sgd(0.03, freq_scales), _dp_factory(),
-             rounds)[0]
+  base = _train_loss(sparse_task, tff.learning.optimizers.build_sgdm(0.1), _dp_factory(), rounds)
+  ada = _train_loss(sparse_task, adadps.build_preconditioned_sgd(0.03, freq_scales),
+                    _dp_factory(), rounds)
   assert ada < 0.5 * base, (ada, base, initial)
   assert ada < 0.05 * initial, (ada, initial)
 
@@ -316,21 +309,37 @@ class _FakeTask:
     return self._task.client_dataset(int(cid))
 
 
-def test_wiring_scales_for_task(sparse_task, freq_scales, tmp_path):
-  task = _FakeTask(sparse_task)
-  scales = adadps_setup.scales_for_task(task, 'word_freq', cap=1000.0, division=1.0)
+def test_scales_for_task_word_freq_are_the_frequency_scales(sparse_task, freq_scales):
+  scales = adadps_setup.scales_for_task(_FakeTask(sparse_task), 'word_freq', cap=1000.0,
+                                        division=1.0)
   np.testing.assert_allclose(scales[0], freq_scales[0])
-  with pytest.raises(UserInputError, match='tag_counts'):
-    adadps_setup.scales_for_task(task, 'tag_freq')
-  pub = adadps_setup.scales_for_task(task, 'public_clients', public_client_ids=['0', '1'], eps=1e-6)
+
+
+def test_scales_for_task_public_clients_scale_rare_features_up(sparse_task):
+  pub = adadps_setup.scales_for_task(_FakeTask(sparse_task), 'public_clients',
+                                     public_client_ids=['0', '1'], eps=1e-6)
   assert pub[0].shape == (sparse_task.num_features, 1) and np.all(pub[0] > 0)
   # Rare features have smaller gradient second moments -> larger scales.
   assert pub[0][50:].mean() > pub[0][:10].mean()
+
+
+def test_scales_for_task_reads_a_file(sparse_task, tmp_path):
   np.save(tmp_path / 's.npy', np.full((sparse_task.num_features, 1), 3.0))
-  assert np.all(adadps_setup.scales_for_task(task, f'file:{tmp_path / "s.npy"}')[0] == 3.0)
-  with pytest.raises(UserInputError, match='side_info'):
-    adadps_setup.scales_for_task(task, 'bogus')
-  opt = adadps_setup.client_optimizer('sgd', 0.1, scales)
-  assert isinstance(opt, tff.learning.optimizers.Optimizer)
-  assert isinstance(adadps_setup.server_aggregator(scales, None),
+  scales = adadps_setup.scales_for_task(_FakeTask(sparse_task), f'file:{tmp_path / "s.npy"}')
+  assert np.all(scales[0] == 3.0)
+
+
+@pytest.mark.parametrize('side_info, match', [
+    pytest.param('tag_freq', 'tag_counts', id='task_without_tag_counts'),
+    pytest.param('bogus', 'side_info', id='unknown_side_info'),
+])
+def test_scales_for_task_rejects(sparse_task, side_info, match):
+  with pytest.raises(UserInputError, match=match):
+    adadps_setup.scales_for_task(_FakeTask(sparse_task), side_info)
+
+
+def test_adadps_setup_builds_a_tff_optimizer_and_aggregator(freq_scales):
+  assert isinstance(adadps_setup.client_optimizer('sgd', 0.1, freq_scales),
+                    tff.learning.optimizers.Optimizer)
+  assert isinstance(adadps_setup.server_aggregator(freq_scales, None),
                     tff.aggregators.UnweightedAggregationFactory)

@@ -10,7 +10,6 @@ import tensorflow_federated as tff
 import tensorflow_privacy as tfp
 
 from tff_dp import aggregators
-from tff_dp import noise_budget
 from tff_dp.aggregators import estimate_floor
 from tff_dp.aggregators import privacy_queries
 from tff_dp.errors import UserInputError
@@ -32,6 +31,12 @@ def _clients(rng, shapes, num, norms=None):
       value.append(v)
     out.append(value)
   return out
+
+
+def _combined_z(multipliers):
+  """Eq. (1), written out here rather than taken from the code under test: queries with noise
+  multipliers z_g on the same sample act as one Gaussian with z = (sum_g z_g^-2)^-1/2."""
+  return sum(float(z)**-2 for z in multipliers)**-0.5
 
 
 def _queries(measurements):
@@ -118,7 +123,7 @@ def test_privacy_queries_report_pre_round_clip_and_stddev():
   z, m, sigma_b = 0.5, 10.0, 1.0
   factory = aggregators.AdaptiveClipGaussianFactory(
       noise_multiplier=z, clients_per_round=m, initial_clip=1.0, clipped_count_stddev=sigma_b)
-  z_v = noise_budget.update_noise_multiplier(z, sigma_b)
+  z_v = (z**-2 - (2 * sigma_b)**-2)**-0.5   # Eq. (1) solved for the update query.
   process = _process(factory, [(3,)])
   rng = np.random.default_rng(3)
   state = process.initialize()
@@ -133,8 +138,7 @@ def test_privacy_queries_report_pre_round_clip_and_stddev():
   assert q2['update'] == pytest.approx((clip_after_1, z_v * clip_after_1), rel=1e-6)
   assert float(out2.measurements['clip']) == pytest.approx(clip_after_1)
   # Eq. (1) over the reported tuples gives back the user's effective z.
-  assert noise_budget.effective_noise_multiplier(
-      [s / c for c, s in q2.values()]) == pytest.approx(z, rel=1e-5)
+  assert _combined_z([s / c for c, s in q2.values()]) == pytest.approx(z, rel=1e-5)
 
 
 def test_fixed_reports_tuple_and_matches_tff():
@@ -178,7 +182,7 @@ def test_per_layer_clips_track_their_own_layer_quantile():
   assert q['update/group_0'][0] == pytest.approx(tails['group_0'][-2], rel=1e-5)
 
 
-def test_per_layer_groups_and_budget():
+def test_per_layer_groups_split_the_noise_budget():
   shapes = [(10,), (2,), (100,)]
   factory = aggregators.PerLayerAdaptiveClipFactory(
       noise_multiplier=0.5, clients_per_round=20.0, initial_clip=[1.0, 2.0],
@@ -186,11 +190,13 @@ def test_per_layer_groups_and_budget():
   process = _process(factory, shapes)
   out = process.next(process.initialize(), _clients(np.random.default_rng(6), shapes, 2))
   q = _queries(out.measurements)
-  z_v = noise_budget.update_noise_multiplier(0.5, 2.0, 2)
+  z_v = (0.5**-2 - 2 * (2 * 2.0)**-2)**-0.5   # Two clipped-count queries, one per group.
   assert q['update/group_0'] == pytest.approx((1.0, z_v * math.sqrt(112 / 12) * 1.0), rel=1e-6)
   assert q['update/group_1'] == pytest.approx((2.0, z_v * math.sqrt(112 / 100) * 2.0), rel=1e-6)
-  assert noise_budget.effective_noise_multiplier([s / c for c, s in q.values()]) == pytest.approx(
-      0.5, rel=1e-5)
+  assert _combined_z([s / c for c, s in q.values()]) == pytest.approx(0.5, rel=1e-5)
+
+
+def test_per_layer_groups_must_partition_the_weights():
   with pytest.raises(UserInputError, match='partition'):
     _process(aggregators.PerLayerAdaptiveClipFactory(
         noise_multiplier=0.0, clients_per_round=2.0, initial_clip=1.0, groups=[[0], [0, 1]]),
@@ -403,22 +409,22 @@ def test_noise_std_matches_configuration(kind):
   zeros = [[np.zeros(s, np.float32) for s in shapes]] * 2
   out = process.next(process.initialize(), zeros)
   q = _queries(out.measurements)
+  # Eq. (1) solved for the update query: one clipped-count query (flat adaptive) or two.
+  z_v1 = (z**-2 - (2 * sigma_b)**-2)**-0.5
+  z_v2 = (z**-2 - 2 * (2 * sigma_b)**-2)**-0.5
   if kind == 'fixed':
     expected = [z * clip] * 2
   elif kind == 'adaptive':
-    expected = [noise_budget.update_noise_multiplier(z, sigma_b) * clip] * 2
-  elif kind == 'per_layer_adaptive':
-    z_g = noise_budget.update_noise_multiplier(z, sigma_b, 2) * math.sqrt(2)
-    expected = [z_g * clip] * 2
+    expected = [z_v1 * clip] * 2
+  elif kind == 'per_layer_adaptive':   # Two groups, proportional: z_g = z_v sqrt(2).
+    expected = [z_v2 * math.sqrt(2) * clip] * 2
   else:  # Joint: one group, S = sqrt(2), alpha_j = clip; noise alpha_j * sigma_g.
-    z_v = noise_budget.update_noise_multiplier(z, sigma_b, 2)
-    expected = [clip * z_v * math.sqrt(2)] * 2
+    expected = [clip * z_v2 * math.sqrt(2)] * 2
   for t in range(2):
     assert np.std(out.result[t]) * m == pytest.approx(expected[t], rel=0.05)
     assert abs(np.mean(out.result[t])) * m < 0.05 * expected[t]
   # The reported tuples combine (Eq. (1)) to the user's effective z.
-  assert noise_budget.effective_noise_multiplier(
-      [s / c for c, s in q.values()]) == pytest.approx(z, rel=1e-5)
+  assert _combined_z([s / c for c, s in q.values()]) == pytest.approx(z, rel=1e-5)
 
 
 # ---------------------------------------------------------------- builder and drop-in
@@ -475,5 +481,5 @@ def test_drop_in_build_unweighted_fed_avg(kind):
   assert any(not np.allclose(a, b) for a, b in zip(after, before))
   queries = privacy_queries.find_privacy_queries(out.metrics['aggregator'])
   assert queries and all(q.l2_norm_clip > 0 for q in queries)
-  assert noise_budget.effective_noise_multiplier(
-      [q.noise_stddev / q.l2_norm_clip for q in queries]) == pytest.approx(0.5, rel=1e-5)
+  assert _combined_z([q.noise_stddev / q.l2_norm_clip for q in queries]) == pytest.approx(
+      0.5, rel=1e-5)

@@ -1,4 +1,5 @@
-"""Clip-quantile convergence over many rounds, driving the tfp estimator our factories run.
+"""A tripwire on the dependency: tfp's clip-quantile estimator, which our adaptive factories run,
+converges over many rounds (this tests tfp, not tff-dp code).
 
 `AdaptiveClipGaussianFactory` and `PerLayerAdaptiveClipFactory` run tfp's
 QuantileAdaptiveClipSumQuery, whose clip is its QuantileEstimatorQuery's estimate; running that
@@ -64,7 +65,7 @@ def _run(gamma, initial, geometric, rounds, learning_rate, seed=0):
 @pytest.mark.parametrize('geometric', [True, False], ids=['geometric', 'linear'])
 @pytest.mark.parametrize('gamma', [0.1, 0.5, 0.9])
 @pytest.mark.parametrize('factor', [0.01, 100.0], ids=['100x_small', '100x_large'])
-def test_clip_converges_to_quantile(geometric, gamma, factor):
+def test_tfp_quantile_estimator_clip_converges_to_quantile(geometric, gamma, factor):
   target = _true_quantile(gamma)
   # Linear steps are in norm units: eta * |b - gamma| per round; 0.2 (paper/TFF default) is
   # fine for geometric; linear uses 0.05 near the optimum, so it needs more rounds from 100x.

@@ -212,19 +212,23 @@ def test_train_on_aggregate_select():
   assert ema_policy.select(1, seq[0], {'ema': ca.EMAAggregate(0.5)}) is seq[0]   # no value yet
 
 
-def test_train_on_aggregate_validation():
-  with pytest.raises(UserInputError, match='kind'):
-    ca.TrainOnAggregate('swa')
-  with pytest.raises(UserInputError, match='tau'):
-    ca.TrainOnAggregate('ema', start_round=-1)
-  with pytest.raises(UserInputError, match='beta'):
-    ca.TrainOnAggregate('ema', p=1.0)
-  with pytest.raises(UserInputError, match='k >= 1'):
-    ca.TrainOnAggregate('past_k', p=0)
-  with pytest.raises(UserInputError, match='`past_k`'):
-    ca.TrainOnAggregate('past_k').select(1, [], {'ema': ca.EMAAggregate(0.9)})
-  with pytest.raises(UserInputError, match='built with 0.9'):
-    ca.TrainOnAggregate('ema', p=0.99).select(1, [], {'ema': ca.EMAAggregate(0.9)})
+@pytest.mark.parametrize('make, match', [
+    pytest.param(lambda: ca.TrainOnAggregate('swa'), 'kind', id='unknown_kind'),
+    pytest.param(lambda: ca.TrainOnAggregate('ema', start_round=-1), 'tau',
+                 id='negative_start_round'),
+    pytest.param(lambda: ca.TrainOnAggregate('ema', p=1.0), 'beta', id='ema_beta_one'),
+    pytest.param(lambda: ca.TrainOnAggregate('past_k', p=0), 'k >= 1', id='past_k_zero'),
+    pytest.param(lambda: ca.TrainOnAggregate('past_k').select(
+        1, [], {'ema': ca.EMAAggregate(0.9)}), '`past_k`', id='select_without_its_aggregate'),
+    pytest.param(lambda: ca.TrainOnAggregate('ema', p=0.99).select(
+        1, [], {'ema': ca.EMAAggregate(0.9)}), 'built with 0.9', id='select_other_beta'),
+])
+def test_train_on_aggregate_rejects(make, match):
+  with pytest.raises(UserInputError, match=match):
+    make()
+
+
+def test_train_on_aggregate_makes_its_aggregate():
   assert isinstance(ca.TrainOnAggregate('past_k', p=5).make_aggregate(), ca.PastKAverage)
   assert ca.TrainOnAggregate('ema', p=0.9).make_aggregate().beta == 0.9
 
@@ -271,6 +275,9 @@ def test_last_k_uncertainty_per_example():
 def test_last_k_uncertainty_rejects(values, match):
   with pytest.raises(UserInputError, match=match):
     ca.last_k_uncertainty(values)
+
+
+def test_last_k_uncertainty_rejects_confidence_one():
   with pytest.raises(UserInputError, match='confidence'):
     ca.last_k_uncertainty([1.0, 2.0], confidence=1.0)
 
@@ -373,8 +380,7 @@ def dp_task():
     pred = x_test @ flat[0] + flat[1]
     return float(np.mean((pred - y_test) ** 2))
 
-  return dict(process=process, datasets=datasets, rng=rng, m=clients_per_round,
-              test_loss=test_loss)
+  return dict(process=process, datasets=datasets, m=clients_per_round, test_loss=test_loss)
 
 
 def _flat_weights(process, state):
@@ -387,8 +393,9 @@ def test_dp_averaged_checkpoints_beat_last_iterate(dp_task):
   around the optimum, averaging checkpoints cancels much of the noise. Over the last 30 of 60
   rounds, EMA(0.9) and past-10 have >= 40% lower test loss than the last iterate (a numpy
   simulation of these dynamics gives ratios ~0.25 and < 0.46 in 2000 of 2000 seeds; the TFF DP
-  noise itself is unseeded)."""
-  process, rng, test_loss = dp_task['process'], dp_task['rng'], dp_task['test_loss']
+  noise itself cannot be seeded from here: it is drawn inside the TFF computation)."""
+  process, test_loss = dp_task['process'], dp_task['test_loss']
+  rng = np.random.default_rng(7)   # The client samples (this test's own stream).
   state = process.initialize()
   ema, past = ca.EMAAggregate(0.9), ca.PastKAverage(10)
   losses = {'last': [], 'ema': [], 'past_k': []}
@@ -403,7 +410,6 @@ def test_dp_averaged_checkpoints_beat_last_iterate(dp_task):
       losses['ema'].append(test_loss(ema.value()))
       losses['past_k'].append(test_loss(past.value()))
   mean = {k: float(np.mean(v)) for k, v in losses.items()}
-  print('mean test loss over rounds 31..60:', mean)
   assert mean['last'] > 0.1            # noise dominates: far above the 0.01 noise floor
   assert mean['ema'] < 0.6 * mean['last']
   assert mean['past_k'] < 0.6 * mean['last']

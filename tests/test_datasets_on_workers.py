@@ -109,8 +109,8 @@ def _run(data_dir, root, name, **overrides):
   assert _ODD_ID in task.train_data.client_ids and _EMPTY_ID in task.train_data.client_ids
   lines = []
   summary = experiment.run(experiment.ExperimentConfig(**cfg), task, log=lines.append)
-  records = ledger_lib.read_ledger(os.path.join(summary['run_dir'], 'ledger.jsonl'))
-  weights = summary['final_state'].global_model_weights
+  records = ledger_lib.read_ledger(os.path.join(summary.run_dir, 'ledger.jsonl'))
+  weights = summary.final_state.global_model_weights
   return weights, records, [l for l in lines if 'skipped' in l]
 
 

@@ -52,15 +52,15 @@ def test_three_round_dp_fedavg_learns_with_zero_noise(task_name, data_dir, tmp_p
       noise_multiplier=0.0, client_learning_rate=LEARNING_RATES[task_name],
       server_momentum=0.0, max_eval_examples=200)
   summary = experiment.run(cfg, _task(task_name, data_dir), log=lambda s: None)
-  rows = metrics_rows(summary['run_dir'])
+  rows = metrics_rows(summary.run_dir)
   assert [int(r['round']) for r in rows] == [1, 2, 3]
   losses = [float(r['train_loss']) for r in rows]
   assert losses[-1] < losses[0], losses
-  records = ledger_lib.read_ledger(os.path.join(summary['run_dir'], 'ledger.jsonl'))
+  records = ledger_lib.read_ledger(os.path.join(summary.run_dir, 'ledger.jsonl'))
   assert [r.round_num for r in records] == [1, 2, 3]
   assert all(q.l2_norm_clip == pytest.approx(10.0) for r in records for q in r.queries)
   for plot in ('epsilon_vs_round.png', 'clip_vs_round.png', 'accuracy_vs_epsilon.png'):
-    assert os.path.getsize(os.path.join(summary['run_dir'], 'plots', plot)) > 1000
+    assert os.path.getsize(os.path.join(summary.run_dir, 'plots', plot)) > 1000
 
 
 @pytest.mark.slow

@@ -1,6 +1,5 @@
 """The training loop's privacy behaviour: --max_epsilon, and post-processing leaves the ledger alone."""
 
-import csv
 import dataclasses
 import json
 import os
@@ -15,6 +14,7 @@ from tff_dp.accounting import accountant as accountant_lib
 from tff_dp.errors import UserInputError
 from tff_dp.training import experiment
 from tff_dp.training import fed_avg
+from run_helpers import metrics_rows
 
 
 @pytest.fixture(scope='module')
@@ -37,9 +37,8 @@ def _run(data_dir, root, name, **overrides):
   cfg.update(overrides)
   summary = experiment.run(experiment.ExperimentConfig(**cfg), _task(data_dir),
                            log=lambda s: None)
-  with open(os.path.join(summary['run_dir'], 'metrics.csv'), newline='') as f:
-    rows = list(csv.DictReader(f))
-  records = ledger_lib.read_ledger(os.path.join(summary['run_dir'], 'ledger.jsonl'))
+  rows = metrics_rows(summary.run_dir)
+  records = ledger_lib.read_ledger(os.path.join(summary.run_dir, 'ledger.jsonl'))
   return summary, rows, records
 
 
@@ -48,8 +47,8 @@ def test_max_epsilon_stops_before_the_round_that_would_exceed_it(data_dir, tmp_p
   eps = [float(r['epsilon_rdp']) for r in full_rows]
   limit = (eps[2] + eps[3]) / 2          # Round 3 fits under the limit, round 4 would not.
   summary, rows, records = _run(data_dir, tmp_path, 'capped', total_rounds=6, max_epsilon=limit)
-  assert summary['stopped_by_max_epsilon']
-  assert summary['rounds_completed'] == 3
+  assert summary.stopped_by_max_epsilon
+  assert summary.rounds_completed == 3
   assert [int(r['round']) for r in rows] == [1, 2, 3]
   assert len(records) == 3 and max(float(r['epsilon_rdp']) for r in rows) <= limit
   # Independent check: a fourth round with the same mechanism would have crossed the limit.
@@ -90,7 +89,7 @@ def test_loop_implementation_reaches_tff_and_trains_the_same_model(data_dir, tmp
     summary, _, _ = _run(data_dir, tmp_path, loop, loop_implementation=loop, total_rounds=1,
                          noise_multiplier=0.0, sampling_seed=7, precondition='client',
                          side_info='word_freq')
-    weights[loop] = summary['final_state'].global_model_weights.trainable
+    weights[loop] = summary.final_state.global_model_weights.trainable
   # The client work's TF graph holds a DatasetReduce op only when asked for.
   graphs = [p.next.to_building_block().proto.SerializeToString() for p in built]
   assert [b'ReduceDataset' in g for g in graphs] == [True, False]
@@ -125,7 +124,7 @@ def test_worker_restarts_between_rounds_leave_the_model_unchanged(data_dir, tmp_
         max_eval_examples=50, accounting=('rdp',), seed=3, worker_restart_rounds=every)
     summary = experiment.run(cfg, _task(data_dir),
                              log=lambda s, seen=seen: seen.append(tuple(runtime.worker_pids())))
-    weights[every] = summary['final_state'].global_model_weights.trainable
+    weights[every] = summary.final_state.global_model_weights.trainable
     pids[every] = [p for p in seen if p]
   assert len(set(pids[0])) == 1                  # One worker for the whole run ...
   assert len(set(pids[2])) == 2, pids[2]         # ... or a fresh one after round 2.

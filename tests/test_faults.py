@@ -107,7 +107,7 @@ def test_bad_client_data_and_diverged_updates_never_reach_the_model(tmp_path):
     assert np.isfinite(float(row['eval_loss'])) and np.isfinite(float(row['epsilon_rdp']))
     clip = [float(v) for k, v in row.items() if k.endswith('update/l2_norm_clip')]
     assert clip and all(np.isfinite(clip))
-  weights = summary['final_state'].global_model_weights.trainable
+  weights = summary.final_state.global_model_weights.trainable
   assert all(np.all(np.isfinite(w)) for w in weights)
   messages = '\n'.join(log)
   for cid, reason in [('empty', 'empty dataset'), ('nan_features', 'NaN or Inf'),

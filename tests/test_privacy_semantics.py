@@ -79,8 +79,8 @@ def test_max_epsilon_below_the_first_round_refuses_to_start(task, tmp_path):
     _run(task, tmp_path, 'capped', max_epsilon=first * 0.99)
   assert not os.path.exists(tmp_path / 'capped')   # No ledger record, no run directory.
   summary, _ = _run(task, tmp_path, 'fits', max_epsilon=first * 1.01, total_rounds=3)
-  assert summary['rounds_completed'] == 1 and summary['stopped_by_max_epsilon']
-  records = ledger_lib.read_ledger(os.path.join(summary['run_dir'], 'ledger.jsonl'))
+  assert summary.rounds_completed == 1 and summary.stopped_by_max_epsilon
+  records = ledger_lib.read_ledger(os.path.join(summary.run_dir, 'ledger.jsonl'))
   assert len(records) == 1
 
 
@@ -107,8 +107,8 @@ def test_secret_sampler_is_not_reproducible_but_stable_within_a_round():
 def test_run_samples_are_not_recomputable_from_its_seed(task, tmp_path):
   def observed(name, **kw):
     summary, _ = _run(task, tmp_path, name, total_rounds=8, **kw)
-    with open(os.path.join(summary['run_dir'], 'summary.json')) as f:
-      return [int(r['num_clients']) for r in metrics_rows(summary['run_dir'])], json.load(f)
+    with open(os.path.join(summary.run_dir, 'summary.json')) as f:
+      return [int(r['num_clients']) for r in metrics_rows(summary.run_dir)], json.load(f)
 
   def predicted(seed):   # What anyone holding a seed computes (numpy, not our sampler).
     return [int(np.sum(np.random.default_rng([seed, r]).random(POPULATION) < 5 / POPULATION))
@@ -134,9 +134,9 @@ def test_empty_rounds_are_noised_and_recorded(task, tmp_path):
               and np.any(np.random.default_rng([s, 1]).random(POPULATION) < q))
   summary, lines = _run(task, tmp_path, 'empty', clients_per_round=1, total_rounds=4,
                         sampling_seed=seed, rounds_per_eval=1)
-  records = ledger_lib.read_ledger(os.path.join(summary['run_dir'], 'ledger.jsonl'))
+  records = ledger_lib.read_ledger(os.path.join(summary.run_dir, 'ledger.jsonl'))
   assert [r.round_num for r in records] == [1, 2, 3, 4]
-  rows = metrics_rows(summary['run_dir'])
+  rows = metrics_rows(summary.run_dir)
   assert rows[1]['num_clients'] == '0'
   assert not any('no client' in line for line in lines)
   assert float(rows[-1]['epsilon_rdp']) == pytest.approx(_rdp_epsilon(q, 0.8, 4, 1e-3),
@@ -156,7 +156,7 @@ def test_private_release_writes_and_prints_no_diagnostic(task, tmp_path):
   summary, lines = _run(task, tmp_path, 'public', private_release=True, total_rounds=3,
                         dp='adaptive', clip=0.5, noise_multiplier=0.5, clipped_count_stddev=2.0,
                         accounting=('rdp', 'pld'), pld_every=1)
-  run_dir = summary['run_dir']
+  run_dir = summary.run_dir
   columns = set(metrics_rows(run_dir)[0])
   assert not columns & set(DIAGNOSTICS)
   assert {'round', 'epsilon_rdp', 'epsilon_pld', 'eval_accuracy',
@@ -181,7 +181,7 @@ def test_private_release_writes_and_prints_no_diagnostic(task, tmp_path):
 
 def test_default_run_lists_its_diagnostics_in_the_statement(task, tmp_path):
   summary, _ = _run(task, tmp_path, 'default', total_rounds=1)
-  with open(os.path.join(summary['run_dir'], 'summary.json')) as f:
+  with open(os.path.join(summary.run_dir, 'summary.json')) as f:
     statement = json.load(f)['privacy']
   assert not statement['private_release']
   assert {'num_clients', 'train_loss', 'round_seconds'} <= set(
@@ -206,7 +206,7 @@ def test_resume_refuses_changed_mechanism_and_records_allowed_changes(task, tmp_
              if p != '.lock'}
     assert after == before
   summary, _ = _run(task, tmp_path, 'exp', total_rounds=3, resume=True)
-  assert summary['rounds_completed'] == 3
+  assert summary.rounds_completed == 3
   with open(tmp_path / 'exp' / 'config_history.jsonl') as f:
     history = [json.loads(line) for line in f]
   assert history[-1]['_changed_on_resume'] == {'total_rounds': {'was': 2, 'now': 3}}
@@ -267,6 +267,6 @@ def test_dp_noise_is_not_a_function_of_the_seeds(task, tmp_path):
   """--seed and --sampling_seed reproduce everything but the noise (which must stay secret)."""
   def first_eval_loss(name, z):
     summary, _ = _run(task, tmp_path, name, total_rounds=1, sampling_seed=5, noise_multiplier=z)
-    return metrics_rows(summary['run_dir'])[0]['eval_loss']
+    return metrics_rows(summary.run_dir)[0]['eval_loss']
   assert first_eval_loss('quiet_a', 0.0) == first_eval_loss('quiet_b', 0.0)
   assert first_eval_loss('noisy_a', 1.0) != first_eval_loss('noisy_b', 1.0)

@@ -11,6 +11,8 @@ import pytest
 from tff_dp import runtime
 from run_helpers import script
 from run_helpers import script_env
+from run_helpers import tagged_env
+from run_helpers import tagged_workers
 
 
 _PROGRAM = r'''
@@ -29,41 +31,37 @@ if mode == 'wait':
 '''
 
 
-def _all_worker_pids() -> set[int]:
-  """Leaked workers on the machine (orphans); workers of other live programs do not count."""
-  return set(runtime.orphaned_worker_pids())
-
-
 def _start(mode):
+  """The program in `mode`, and the tag its workers carry (see run_helpers.tagged_workers)."""
+  env, tag = tagged_env()
   return subprocess.Popen([sys.executable, '-c', _PROGRAM, mode], stdout=subprocess.PIPE,
-                          stderr=subprocess.DEVNULL, env=script_env(), text=True)
+                          stderr=subprocess.DEVNULL, env=env, text=True), tag
 
 
 @pytest.mark.parametrize('mode', ['exit', 'raise'])
 def test_pipe_closes_and_no_worker_survives(mode):
-  before = _all_worker_pids()
-  proc = _start(mode)
+  proc, tag = _start(mode)
   # communicate() only returns once every holder of the stdout pipe is gone: a leaked worker
   # (which inherits stdout) would make this time out.
   out, _ = proc.communicate(timeout=180)
   assert 'result 42' in out
   assert proc.returncode == (0 if mode == 'exit' else 1)
   time.sleep(0.5)
-  assert _all_worker_pids() - before == set()
+  assert tagged_workers(tag) == set()
 
 
 def test_sigterm_stops_worker():
-  before = _all_worker_pids()
-  proc = _start('wait')
+  proc, tag = _start('wait')
   assert 'result 42' in proc.stdout.readline()
   children = runtime.worker_pids(proc.pid)
   assert len(children) == 1, 'the program should have started exactly one worker'
+  assert tagged_workers(tag) == set(children)   # The leak check below sees this run's workers.
   proc.send_signal(signal.SIGTERM)
   proc.communicate(timeout=60)
   assert proc.returncode != 0
   time.sleep(0.5)
   assert not runtime._alive(children[0])
-  assert _all_worker_pids() - before == set()
+  assert tagged_workers(tag) == set()
 
 
 @pytest.mark.slow

@@ -46,18 +46,19 @@ def test_sampling_events():
 
 
 @pytest.mark.parametrize('make', [
-    lambda: sampling.PoissonSampler(IDS, 0.0, 0),
-    lambda: sampling.PoissonSampler(IDS, 1.5, 0),
-    lambda: sampling.PoissonSampler(IDS, float('nan'), 0),
-    lambda: sampling.PoissonSampler(IDS, 'x', 0),
-    lambda: sampling.PoissonSampler([], 0.1, 0),
-    lambda: sampling.PoissonSampler(['a', 'a'], 0.1, 0),
-    lambda: sampling.PoissonSampler(IDS, 0.1, -1),
-    lambda: sampling.FixedSizeSampler(IDS, 0, 0),
-    lambda: sampling.FixedSizeSampler(IDS, 501, 0),
-    lambda: sampling.FixedSizeSampler(IDS, 2.5, 0),
-    lambda: sampling.FixedSizeSampler(IDS, 5, 1.5),
-    lambda: sampling.FixedSizeSampler(IDS, 5, 0).sample(-1),
+    pytest.param(lambda: sampling.PoissonSampler(IDS, 0.0, 0), id='poisson_q_zero'),
+    pytest.param(lambda: sampling.PoissonSampler(IDS, 1.5, 0), id='poisson_q_above_one'),
+    pytest.param(lambda: sampling.PoissonSampler(IDS, float('nan'), 0), id='poisson_q_nan'),
+    pytest.param(lambda: sampling.PoissonSampler(IDS, 'x', 0), id='poisson_q_not_a_number'),
+    pytest.param(lambda: sampling.PoissonSampler([], 0.1, 0), id='poisson_no_clients'),
+    pytest.param(lambda: sampling.PoissonSampler(['a', 'a'], 0.1, 0), id='poisson_duplicate_ids'),
+    pytest.param(lambda: sampling.PoissonSampler(IDS, 0.1, -1), id='poisson_negative_seed'),
+    pytest.param(lambda: sampling.FixedSizeSampler(IDS, 0, 0), id='fixed_size_zero'),
+    pytest.param(lambda: sampling.FixedSizeSampler(IDS, 501, 0), id='fixed_size_above_population'),
+    pytest.param(lambda: sampling.FixedSizeSampler(IDS, 2.5, 0), id='fixed_size_not_an_integer'),
+    pytest.param(lambda: sampling.FixedSizeSampler(IDS, 5, 1.5), id='fixed_seed_not_an_integer'),
+    pytest.param(lambda: sampling.FixedSizeSampler(IDS, 5, 0).sample(-1),
+                 id='fixed_negative_round'),
 ])
 def test_validation(make):
   with pytest.raises(errors.UserInputError):

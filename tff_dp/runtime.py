@@ -92,29 +92,6 @@ def worker_pids(parent_pid: int | None = None) -> list[int]:
   return pids
 
 
-def orphaned_worker_pids() -> list[int]:
-  """Live TFF worker binaries on this machine whose parent is gone (re-parented to init).
-
-  These are leaks: nothing will stop them. Workers of live programs are not listed.
-  """
-  pids = []
-  for entry in os.listdir('/proc'):
-    if not entry.isdigit():
-      continue
-    pid = int(entry)
-    cmd = _cmdline(pid)
-    if not cmd or os.path.basename(cmd.split(' ', 1)[0]) != _WORKER_NAME or not _alive(pid):
-      continue
-    try:
-      with open(f'/proc/{pid}/stat') as f:
-        ppid = int(f.read().rsplit(')', 1)[1].split()[1])
-    except OSError:
-      continue
-    if ppid <= 1 or not _alive(ppid):
-      pids.append(pid)
-  return pids
-
-
 def _alive(pid: int) -> bool:
   try:
     with open(f'/proc/{pid}/stat') as f:

@@ -184,6 +184,7 @@ def load_side_info_file(path: str, weight_shapes: Sequence[Shape], *,
   `kind` says what the numbers are (default: the scales themselves).
   """
   weight_shapes = tuple(tuple(s) for s in weight_shapes)
+  path = os.path.expanduser(path)   # `~` as a user may type it in `side_info=file:~/x.npy`.
   if not os.path.exists(path):
     raise UserInputError(f'side information file not found: {path}')
   shapes_msg = f'the model\'s trainable weight shapes are {list(weight_shapes)}'

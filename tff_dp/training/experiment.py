@@ -24,6 +24,7 @@ from tff_dp.aggregators import privacy_queries as privacy_queries_lib
 from tff_dp.errors import UserInputError
 from tff_dp.training import adadps_setup
 from tff_dp.training import client_data
+from tff_dp.training import components
 from tff_dp.training import evaluation
 from tff_dp.training import fed_avg
 from tff_dp.training import loop
@@ -332,8 +333,9 @@ def first_round_queries(process) -> tuple[ledger_lib.GaussianSumQuery, ...]:
 
 
 def run(cfg: ExperimentConfig, task, *, log=print,
-        stop: Optional[stop_signal.StopSignal] = None) -> dict[str, Any]:
-  """Validates `cfg`, builds everything, and runs (or resumes) the experiment.
+        stop: Optional[stop_signal.StopSignal] = None) -> components.RunSummary:
+  """Validates `cfg`, builds everything (`build_components`), and runs (or resumes) the
+  experiment; returns how it ended (`summary.run_dir`: the run directory).
 
   `stop`: an installed `StopSignal` (a program installs it at start-up so that a signal during
   start-up is seen too); None installs one for the duration of the run. A signal before round
@@ -347,21 +349,27 @@ def run(cfg: ExperimentConfig, task, *, log=print,
   with contextlib.ExitStack() as stack:
     if stop is None:
       stop = stack.enter_context(stop_signal.StopSignal(log))
-    return _run(cfg, task, log, stop)
+    cfg.validate()
+    stop.raise_if_received('during start-up')
+    run_dir = stack.enter_context(contextlib.closing(
+        run_dir_lib.RunDirectory(cfg.root_output_dir, cfg.experiment_name, resume=cfg.resume)))
+    loop_config, parts = build_components(cfg, task, run_dir, log=log, stop=stop)
+    log(f'run directory: {run_dir.path}  (population '
+        f'{parts.sampler.sampling_event().population_size}, {cfg.client_sampling} sampling, '
+        f'{"secret" if parts.sampler.secret else "seeded"} samples, delta {loop_config.delta:g})')
+    summary = loop.run_training(loop_config, parts, stop)
+    return dataclasses.replace(summary, run_dir=run_dir.path)
 
 
-def _run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSignal) -> dict[str, Any]:
-  cfg.validate()
-  stop.raise_if_received('during start-up')
-  run_dir = run_dir_lib.RunDirectory(cfg.root_output_dir, cfg.experiment_name, resume=cfg.resume)
-  try:
-    return _build_and_run(cfg, task, log, stop, run_dir)
-  finally:
-    run_dir.close()
+def build_components(cfg: ExperimentConfig, task, run_dir: run_dir_lib.RunDirectory, *,
+                     log=print, stop: stop_signal.StopSignal
+                     ) -> tuple[components.LoopConfig, components.LoopComponents]:
+  """Everything the round loop of `cfg` on `task` needs, in `run_dir` (not yet created).
 
-
-def _build_and_run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSignal,
-                   run_dir: run_dir_lib.RunDirectory) -> dict[str, Any]:
+  Nothing is written until every input was checked: then the run directory is created and
+  config.json written (with what a resume changed), and the ledger opened (repaired on resume).
+  `cfg` must be valid (`cfg.validate()`); `stop` is checked between the slow steps.
+  """
   changes = resume_changes(run_dir.read_config(), cfg) if cfg.resume else {}
   tf.keras.utils.set_random_seed(cfg.seed)
 
@@ -452,7 +460,7 @@ def _build_and_run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSigna
     if ledger.repaired_to:
       log(f'ledger: partial last line from a crash moved to {ledger.repaired_to}')
 
-  components = loop.LoopComponents(
+  parts = components.LoopComponents(
       process=process, run_dir=run_dir, sampler=sampler,
       client_dataset_fn=_client_dataset_fn(task),
       evaluator=evaluator, ledger=ledger, accountant=accountant,
@@ -460,19 +468,14 @@ def _build_and_run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSigna
       planned_queries=planned_queries, clip_group_labels=clip_group_labels,
       check_client_fn=lambda ds: client_data.check_client_dataset(ds, max_index),
       client_value_fn=client_id_argument if cfg.datasets_on_workers else None)
-  loop_config = loop.LoopConfig(
+  loop_config = components.LoopConfig(
       total_rounds=cfg.total_rounds, rounds_per_eval=cfg.rounds_per_eval,
       rounds_per_checkpoint=cfg.rounds_per_checkpoint, delta=delta,
       max_epsilon=cfg.max_epsilon, uncertainty_last_k=cfg.uncertainty_last_k,
       dp=cfg.dp, private_release=cfg.private_release,
       client_cache_size=cfg.client_cache_size, prefetch_clients=cfg.prefetch_clients,
       worker_restart_rounds=cfg.worker_restart_rounds)
-  log(f'run directory: {run_dir.path}  (population {len(train_ids)}, '
-      f'{cfg.client_sampling} sampling, '
-      f'{"secret" if sampler.secret else "seeded"} samples, delta {delta:g})')
-  summary = loop.run_training(loop_config, components, stop)
-  summary['run_dir'] = run_dir.path
-  return summary
+  return loop_config, parts
 
 
 def _clip_group_labels(dp_factory, weight_names: list[str]) -> dict[str, str]:

@@ -10,6 +10,7 @@ Layout of RUN_DIR = root_output_dir/experiment_name:
 """
 
 import asyncio
+import contextlib
 import csv
 import fcntl
 import json
@@ -26,6 +27,7 @@ import tensorflow_federated as tff
 from tensorflow_federated.python.common_libs import serializable
 
 from tff_dp import atomic_write
+from tff_dp import errors
 from tff_dp.errors import UserInputError
 
 _KEEP_CHECKPOINTS = 3
@@ -192,12 +194,30 @@ def _check_writable(root: str) -> None:
     raise UserInputError(f'`root_output_dir` {root} is not writable: {e.strerror or e}') from e
 
 
+@contextlib.contextmanager
+def writing(what: str, where: str):
+  """Turns a failed write (disk full, permissions) into a RunFailedError naming it."""
+  try:
+    yield
+  except (OSError, tf.errors.OpError) as e:
+    reason = getattr(e, 'strerror', None) or getattr(e, 'message', None) or str(e)
+    reason = ' '.join(str(reason).split())
+    if len(reason) > 300:   # TF puts the cause (e.g. "No space left on device") at the end.
+      reason = reason[:80] + ' ... ' + reason[-200:]
+    raise errors.RunFailedError(
+        f'could not write {what} in {where}: {reason}. Files '
+        'written before are intact; fix the cause (free disk space, permissions) and rerun '
+        'with `resume`') from e
+
+
 class RunDirectory:
   """Creates or reopens RUN_DIR; all run outputs go through this object."""
 
   def __init__(self, root_output_dir: str, experiment_name: str, *, resume: bool):
     if not experiment_name or os.sep in experiment_name or experiment_name in ('.', '..'):
       raise UserInputError(f'invalid `experiment_name` {experiment_name!r}: use a plain name')
+    # `~` expanded here, where the path is used, for every caller (shells leave `--x=~/y` alone).
+    root_output_dir = os.path.expanduser(root_output_dir)
     self.path = os.path.join(root_output_dir, experiment_name)
     exists = os.path.isdir(self.path) and bool(os.listdir(self.path))
     if resume and not exists:

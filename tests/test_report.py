@@ -1,0 +1,24 @@
+"""The console line of a round (tff_dp.training.report): what a user watching a run reads."""
+
+from tff_dp.training import report
+
+_CLIP = 'aggregator/privacy_queries/update/l2_norm_clip'
+_COUNT_CLIP = 'aggregator/privacy_queries/clipped_count/l2_norm_clip'
+
+
+def test_a_dp_round_shows_clip_epsilons_eval_and_time():
+  row = {'round': 7, 'num_clients': 19, 'train_loss': 0.123456, 'train_accuracy': 0.5,
+         _CLIP: 0.25, _COUNT_CLIP: 0.5, 'epsilon_rdp': 1.23456, 'epsilon_pld': 0.98765,
+         'eval_accuracy': 0.9, 'round_seconds': 1.234}
+  assert report.console_line(row, 20) == (
+      'round    7/20  clients  19  loss 0.1235  acc 0.5000  clip 0.25  eps_rdp 1.235  '
+      'eps_pld 0.9877  eval_acc 0.9000  1.23s')
+
+
+def test_per_group_clips_show_their_range_and_a_missing_epsilon_is_left_out():
+  row = {'round': 12, 'num_clients': 3, 'train_loss': 2.0,
+         'aggregator/privacy_queries/update/group_0/l2_norm_clip': 0.1,
+         'aggregator/privacy_queries/update/group_1/l2_norm_clip': 2.5,
+         'epsilon_rdp': 3.0, 'epsilon_pld': None}
+  assert report.console_line(row, 100) == (
+      'round   12/100  clients   3  loss 2.0000  clips 0.1..2.5  eps_rdp 3')

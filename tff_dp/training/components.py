@@ -1,0 +1,70 @@
+"""What the round loop takes (`LoopConfig`, `LoopComponents`) and returns (`RunSummary`).
+
+In their own module so that the loop, resume and the final report share them without importing
+each other; `tff_dp.training.experiment.build_components` builds them from a config and a task.
+"""
+
+import dataclasses
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from tff_dp import ledger as ledger_lib
+from tff_dp.training import evaluation
+
+
+@dataclasses.dataclass
+class LoopConfig:
+  total_rounds: int
+  rounds_per_eval: int = 1
+  rounds_per_checkpoint: int = 1
+  delta: float = 1e-5
+  max_epsilon: Optional[float] = None
+  uncertainty_last_k: int = 0
+  dp: str = 'adaptive'              # The DP aggregation kind; 'none' for no DP.
+  private_release: bool = False     # Keep non-private diagnostics out of every output.
+  client_cache_size: int = 1000     # Preprocessed client datasets kept (0: rebuild each round).
+  prefetch_clients: bool = True     # Build round r+1's client datasets while round r runs.
+  # Replace the local TFF worker by a fresh process after every N-th round (0: never).
+  worker_restart_rounds: int = 0
+
+
+@dataclasses.dataclass
+class LoopComponents:
+  """Everything the loop drives; built by `tff_dp.training.experiment` (or by a user)."""
+  process: Any                                   # tff.learning.templates.LearningProcess
+  run_dir: Any                                   # run_dir.RunDirectory (created)
+  sampler: Any                                   # tff_dp.sampling sampler
+  client_dataset_fn: Callable[[Any], Any]        # client id -> preprocessed tf.data.Dataset
+  evaluator: Optional[evaluation.CentralizedEvaluator]
+  ledger: Optional[ledger_lib.PrivacyLedger]
+  accountant: Any                                # tff_dp.accounting.LedgerAccountant or None
+  aggregates: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  train_on_aggregate: Any = None                 # checkpoint_aggregation.TrainOnAggregate or None
+  # The queries round 1 will execute: what `max_epsilon` predicts from before any record exists
+  # (a resumed run whose ledger is still empty).
+  planned_queries: Sequence[ledger_lib.GaussianSumQuery] = ()
+  log: Callable[[str], None] = print
+  # dataset -> reason it cannot be trained on, or None (see client_data.check_client_dataset).
+  check_client_fn: Optional[Callable[[Any], Optional[str]]] = None
+  # Per-group clip factories: 'group_g' -> the names of its weights (labels in the clip plot).
+  clip_group_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  # (client id, checked dataset) -> what `process.next` receives for an accepted client; None:
+  # the dataset. The id when `process` builds the datasets on the workers.
+  client_value_fn: Optional[Callable[[Any, Any], Any]] = None
+
+
+@dataclasses.dataclass
+class RunSummary:
+  """How a run (or this part of a resumed run) ended.
+
+  A run stopped by a signal is not finished: it has no `privacy` statement and no summary.json,
+  and `resume` continues it.
+  """
+  rounds_completed: int                 # The last completed round (of the whole run).
+  final_state: Any = None               # The learning process state after that round.
+  stopped_by_max_epsilon: bool = False  # Stopped before a round that would exceed max_epsilon.
+  stopped_by_signal: Optional[str] = None   # e.g. 'SIGINT'; None: not stopped by a signal.
+  # The privacy statement (privacy_statement.statement), also in summary.json.
+  privacy: Optional[dict[str, Any]] = None
+  # The last-k checkpoint uncertainty report (uncertainty.json), when one was asked for.
+  uncertainty: Optional[dict[str, Any]] = None
+  run_dir: Optional[str] = None         # The run directory (set by `experiment.run`).

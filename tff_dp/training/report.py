@@ -1,0 +1,80 @@
+"""What a run reports: the console line of each round, and the final report of a finished run
+(uncertainty.json, plots, the privacy statement, summary.json)."""
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+from tff_dp import checkpoint_aggregation
+from tff_dp.training import components
+from tff_dp.training import metrics_file
+from tff_dp.training import plots
+from tff_dp.training import privacy_statement
+from tff_dp.training import run_dir as run_dir_lib
+
+
+def console_line(row: Mapping[str, Any], total_rounds: int) -> str:
+  """One line per round: round, clients, loss, accuracy, clip(s), epsilons, eval, time."""
+  parts = [f'round {row["round"]:>4d}/{total_rounds}']
+  if 'num_clients' in row:
+    parts.append(f'clients {row["num_clients"]:>3d}')
+  if 'train_loss' in row:
+    parts.append(f'loss {row["train_loss"]:.4f}')
+  if 'train_accuracy' in row:
+    parts.append(f'acc {row["train_accuracy"]:.4f}')
+  clips = [v for k, v in row.items() if metrics_file.is_clip_column(k)]
+  if len(clips) == 1:
+    parts.append(f'clip {clips[0]:.4g}')
+  elif clips:
+    parts.append(f'clips {min(clips):.3g}..{max(clips):.3g}')
+  for method in ('rdp', 'pld'):
+    if row.get(f'epsilon_{method}') is not None:
+      parts.append(f'eps_{method} {row[f"epsilon_{method}"]:.4g}')
+  if 'eval_accuracy' in row:
+    parts.append(f'eval_acc {row["eval_accuracy"]:.4f}')
+  if 'round_seconds' in row:
+    parts.append(f'{row["round_seconds"]:.2f}s')
+  return '  '.join(parts)
+
+
+def write_final_report(config: components.LoopConfig, c: components.LoopComponents,
+                       summary: components.RunSummary, recent) -> components.RunSummary:
+  """Writes the report of a run that ended normally; returns `summary` with its privacy
+  statement (and uncertainty report). summary.json, written last, marks the run as finished
+  (tools such as reproduce.py skip finished runs). `recent`: the last-k model weights."""
+  with run_dir_lib.writing('the final report', c.run_dir.path):
+    if config.uncertainty_last_k and c.evaluator is not None and len(recent) >= 2:
+      summary = dataclasses.replace(summary, uncertainty=_write_uncertainty(c, list(recent)))
+    plots.write_run_plots(c.run_dir.file('metrics.csv'), c.run_dir.file('plots'),
+                          delta=config.delta, clip_group_labels=c.clip_group_labels)
+    summary = dataclasses.replace(
+        summary, privacy=_privacy_statement(config, c, summary.rounds_completed))
+    c.run_dir.write_json('summary.json', {
+        'rounds_completed': summary.rounds_completed, 'total_rounds': config.total_rounds,
+        'stopped_by_max_epsilon': summary.stopped_by_max_epsilon,
+        'privacy': summary.privacy})
+  c.log(privacy_statement.format_statement(summary.privacy))
+  return summary
+
+
+def _privacy_statement(config: components.LoopConfig, c: components.LoopComponents,
+                       rounds: int) -> dict[str, Any]:
+  epsilons = {}
+  if c.accountant is not None:
+    epsilons = {m: c.accountant.epsilon_rdp() if m == 'rdp' else c.accountant.epsilon_pld()
+                for m in c.accountant.methods}
+  rows = c.run_dir.metrics.read_rows()
+  return privacy_statement.statement(
+      dp=config.dp, rounds_completed=rounds, epsilons=epsilons, delta=config.delta,
+      sampling_event=c.sampler.sampling_event(), sampling_secret=c.sampler.secret,
+      private_release=config.private_release,
+      released_columns=rows[0].keys() if rows else ())
+
+
+def _write_uncertainty(c: components.LoopComponents, recent) -> dict[str, Any]:
+  accuracies = np.array([c.evaluator.evaluate(w).get('accuracy', math.nan) for w in recent])
+  scores = np.stack([c.evaluator.predict_scores(w) for w in recent])
+  return checkpoint_aggregation.write_uncertainty_report(
+      c.run_dir.file('uncertainty.json'), accuracy=accuracies, prediction_scores=scores)

@@ -1,0 +1,79 @@
+"""Resuming a run: restore the latest checkpoint, set aside what later rounds released, and
+reconcile the ledger with what was released, so no round is under-counted.
+
+A round's outputs (metrics row, console, TensorBoard) are released only after its ledger record
+is durable and, on checkpoint rounds, after its checkpoint (see docs/ARCHITECTURE.md, "Execution
+order of one round"); this module relies on that order.
+"""
+
+import collections
+import dataclasses
+from typing import Any, Callable, Mapping
+
+from tff_dp import ledger as ledger_lib
+from tff_dp.training import checkpointing
+from tff_dp.training import run_dir as run_dir_lib
+
+SUPERSEDED_METRICS = 'metrics.superseded.csv'
+UNRELEASED_LEDGER = 'ledger.unreleased.jsonl'
+
+
+@dataclasses.dataclass
+class ResumePoint:
+  """Where a resumed run continues: after round `round_num` (0: from the start)."""
+  round_num: int
+  state: Any
+  recent: collections.deque
+
+
+def restore(run_dir, initial_state, aggregates: Mapping[str, Any], recent: collections.deque,
+            log: Callable[[str], None]) -> ResumePoint:
+  """Loads the latest checkpoint into `aggregates` and `recent` (initial state if none), and
+  moves the metrics rows of later rounds, which are re-executed, to metrics.superseded.csv."""
+  state, round_num = initial_state, 0
+  loaded = checkpointing.load_latest(run_dir, initial_state, aggregates)
+  if loaded is not None:
+    state = loaded['state']
+    for name, agg in aggregates.items():
+      agg.set_state(loaded['aggregates'][name])
+    recent.extend(list(loaded['recent']))
+    round_num = int(loaded['round_num'])
+  # Rows of rounds after the checkpoint (or of every round, if none was saved yet) are kept
+  # aside: those rounds are re-executed.
+  moved = run_dir.metrics.move_rows_after(round_num, run_dir.file(SUPERSEDED_METRICS))
+  log(f'resuming at round {round_num + 1}'
+      + (f' ({moved} later metric rows moved to {SUPERSEDED_METRICS})' if moved else ''))
+  return ResumePoint(round_num=round_num, state=state, recent=recent)
+
+
+def reconcile_ledger(ledger: ledger_lib.PrivacyLedger, run_dir, checkpoint_round: int,
+                     log: Callable[[str], None]
+                     ) -> tuple[ledger_lib.PrivacyLedger, list[ledger_lib.RoundRecord]]:
+  """(the ledger to append to, its records that stay counted) when resuming from the checkpoint
+  of `checkpoint_round`.
+
+  A record past the checkpoint whose metrics row was never written belongs to a round that
+  released nothing: it is moved to ledger.unreleased.jsonl (kept for audit) and the round is
+  re-executed and recorded once. A record past the checkpoint whose metrics WERE released
+  (possible when rounds_per_checkpoint > 1) stays counted, and its re-execution is counted
+  again: accounting is conservative, never optimistic. `ledger` is closed and reopened when
+  records were moved.
+  """
+  records = ledger_lib.read_ledger(ledger.path)
+  released_rounds = {int(r['round']) for r in run_dir.metrics.read_rows()}
+  superseded = run_dir_lib.MetricsCsv(run_dir.file(SUPERSEDED_METRICS))
+  released_rounds |= {int(r['round']) for r in superseded.read_rows()}
+  unreleased = [r for r in records
+                if r.round_num > checkpoint_round and r.round_num not in released_rounds]
+  if unreleased:
+    ledger.close()
+    ledger_lib.move_records(ledger.path, unreleased, run_dir.file(UNRELEASED_LEDGER))
+    ledger = ledger_lib.PrivacyLedger(ledger.path)
+    log(f'ledger: {len(unreleased)} record(s) of rounds that released no output moved to '
+        f'{UNRELEASED_LEDGER}; those rounds are re-executed')
+    records = ledger_lib.read_ledger(ledger.path)
+  if any(r.round_num > checkpoint_round for r in records):
+    log('ledger: rounds after the checkpoint released metrics before the crash; they stay '
+        'counted and their re-execution is counted again (conservative)')
+  return ledger, records
+
