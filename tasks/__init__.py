@@ -15,8 +15,8 @@ from tasks.registry import TASKS
 from tasks.registry import TaskSpec
 from tff_dp.errors import UserInputError
 
-__all__ = ['TASKS', 'TASK_NAMES', 'TaskSpec', 'DEFAULT_EMBEDDED_DATA_DIR', 'FederatedTask', 'build_task',
-           'load']
+__all__ = ['TASKS', 'TASK_NAMES', 'TaskSpec', 'DEFAULT_EMBEDDED_DATA_DIR', 'FederatedTask',
+           'build_task', 'load']
 
 
 def __getattr__(name):

@@ -44,6 +44,10 @@ def test_flags_give_the_config_built_from_sections():
       paper=config_lib.PaperConfig(paper_results={'accuracy': 0.5, 'epsilon': 3.0}),
       output=config_lib.OutputConfig(experiment_name='x'))
   assert cfg.task.task_options() == {'word_vocab_size': 300, 'tag_vocab_size': 500}
+  assert cfg.replace(task='stackoverflow_word').task.task_options() == {
+      'vocab_size': 300, 'sequence_length': 20}
+  assert cfg.replace(task='emnist', emnist_only_digits=True).task.task_options() == {
+      'only_digits': True}
 
 
 def test_settings_hold_every_field_and_round_trip_through_json():

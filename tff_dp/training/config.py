@@ -128,7 +128,8 @@ class Section:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TaskConfig(Section):
   """Task and data: which task, where its data is, how each client's data is batched."""
-  name: str = setting('emnist', 'Task to train.', flag='task', one_of=tasks.TASK_NAMES)
+  name: str = setting('emnist', 'Task to train.', flag='task',
+                      one_of={name: spec.help for name, spec in tasks.TASKS.items()})
   data_dir: Optional[str] = setting(
       None, 'TFF dataset cache directory (holding e.g. emnist_all.sqlite or '
       'stackoverflow.sqlite, as written by tff.simulation.datasets.*.load_data). Unset: use '
@@ -157,12 +158,10 @@ class TaskConfig(Section):
       'clients.', check=(lambda v: v >= 1, 'must be >= 1 when set'))
 
   def task_options(self) -> dict[str, Any]:
-    """The task builder's own options (`tasks.build_task(**options)`) for this task."""
-    if self.name == 'emnist':
-      return dict(only_digits=self.emnist_only_digits)
-    if self.name == 'stackoverflow_word':
-      return dict(vocab_size=self.so_vocab_size, sequence_length=self.so_sequence_length)
-    return dict(word_vocab_size=self.so_vocab_size, tag_vocab_size=self.so_tag_vocab_size)
+    """The task builder's own options (`tasks.build_task(**options)`) for this task, from the
+    settings its registry entry names (`tasks.TASKS[name].options`)."""
+    return {option: getattr(self, field)
+            for option, field in tasks.TASKS[self.name].options.items()}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

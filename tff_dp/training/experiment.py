@@ -1,7 +1,8 @@
 """Builds every component of a DP-FedAvg experiment from an `ExperimentConfig` and runs it.
 
-The task is passed in (duck-typed, Contract 3 in docs/ARCHITECTURE.md), so this library module
-does not depend on the `tasks` package. Validation happens before the run directory is touched.
+The task is passed in (duck-typed, Contract 3 in docs/ARCHITECTURE.md), so this module does not
+depend on the `tasks` package (`tff_dp.run(config)`, in `api.py`, builds it from the config).
+Validation happens before the run directory is touched.
 """
 
 import contextlib
@@ -119,10 +120,12 @@ def run(cfg: ExperimentConfig, task, *, log=print,
   start-up is seen too); None installs one for the duration of the run. A signal before round
   1 raises `errors.RunInterrupted` before anything is written.
 
-  Computations run in the current TFF context. The CLI installs
-  `tff_dp.runtime.configure_execution_context()`; an in-process caller should too for long
-  runs, since TFF's import-time context keeps a worker executor per client count for good (with
-  Poisson sampling, tens of MB per round: issue 13).
+  Computations run in the current TFF context. `tff_dp.run(cfg)` builds the task and installs
+  the context `cfg.runtime` describes (`tff_dp.training.api`); a caller of this function with
+  its own task should install one too for long runs
+  (`tff_dp.runtime.configure_execution_context()`), since TFF's import-time context keeps a
+  worker executor per client count for good (with Poisson sampling, tens of MB per round:
+  issue 13).
   """
   with contextlib.ExitStack() as stack:
     if stop is None:
