@@ -39,7 +39,6 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from absl import app
 from absl import flags
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -336,16 +335,20 @@ def reproduce_table(table: str, *, scale: str, data_dir: str, root_output_dir: s
 
 
 def main(argv) -> int:
-  if len(argv) > 1:
-    print(f'error: unexpected arguments {argv[1:]}', file=sys.stderr)
-    return 2
+  """argv (program name first) -> exit code: 0 done, 2 bad input (unknown flags included),
+  1 an arm failed."""
+  import tff_dp  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  from tff_dp import cli_flags  # pylint: disable=g-import-not-at-top
+  from tff_dp.errors import UserInputError  # pylint: disable=g-import-not-at-top
+  try:
+    if cli_flags.parse(flags.FLAGS, argv, __doc__) == 0:   # Printed the help.
+      return 0
+  except UserInputError as e:
+    return cli_flags.report(e, flags.FLAGS)
   if not _TABLE.value:
     print('error: --table is required; available: '
           f'{", ".join(list_tables(_EXPERIMENTS.value))}, all', file=sys.stderr)
     return 2
-  import tff_dp  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  from tff_dp import cli_flags  # pylint: disable=g-import-not-at-top
-  from tff_dp.errors import UserInputError  # pylint: disable=g-import-not-at-top
   data_dir = os.path.expanduser(_DATA_DIR.value)
   if _SCALE.value == 'full' and not os.path.isdir(data_dir):
     print(f'error: --data_dir {data_dir} does not exist; download the datasets first with '
@@ -373,4 +376,4 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
-  app.run(lambda argv: sys.exit(main(argv)))
+  sys.exit(main(sys.argv))

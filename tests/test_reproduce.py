@@ -97,9 +97,15 @@ def test_dry_run_and_bad_input(tmp_path):
                         ([], '--table is required'),
                         (['--table=andrew2021_emnist', '--scale=full',
                           '--data_dir=/nonexistent/tff'], 'load_data'),
-                        (['--table=andrew2021_emnist', '--arms=nope'], 'unknown --arms')]:
+                        (['--table=andrew2021_emnist', '--arms=nope'], 'unknown --arms'),
+                        (['--bogus_flag'], "error: Unknown command line flag 'bogus_flag'"),
+                        # Every arm's config is checked before the first arm runs.
+                        (['--table=andrew2021_emnist', '--extra_flags=--clip=-1'],
+                         '--clip must be positive, got -1.0')]:
     bad = _reproduce(args + [f'--root_output_dir={tmp_path}'])
     assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr)
+    assert bad.stderr.count('error:') == 1 and not _planned(bad.stdout), bad.stderr
+  assert os.listdir(tmp_path) == []   # Nothing of the refused commands was written.
 
 
 def _table_rows(path):

@@ -17,8 +17,8 @@ import tensorflow_federated as tff
 
 from tff_dp import accounting
 from tff_dp import aggregators
-from tff_dp import choices
 from tff_dp import checkpoint_aggregation as ca
+from tff_dp import choices
 from tff_dp import ledger as ledger_lib
 from tff_dp import sampling
 from tff_dp.aggregators import non_finite
