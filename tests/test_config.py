@@ -22,7 +22,7 @@ from tff_dp.training.config import ExperimentConfig
 def test_config_and_flag_modules_import_no_tensorflow():
   code = ('import sys; import tff_dp, tff_dp.choices, tff_dp.training.config, '
           'tff_dp.training.config_flags, tasks, tasks.registry; '
-          'assert "tensorflow" not in sys.modules, sorted(m for m in sys.modules if "tensorflow" in m)')
+          'assert "tensorflow" not in sys.modules, [m for m in sys.modules if "tensorflow" in m]')
   proc = subprocess.run([sys.executable, '-c', code], env=script_env(), cwd=REPO,
                         capture_output=True, text=True, timeout=60)
   assert proc.returncode == 0, proc.stderr
@@ -61,7 +61,7 @@ def test_settings_hold_every_field_and_round_trip_through_json():
                                    'so_vocab_size', 'so_tag_vocab_size', 'workers')} == {
       'client_batch_size': 16, 'client_epochs_per_round': 2, 'data_dir': '/data',
       'so_vocab_size': 100, 'so_tag_vocab_size': 500, 'workers': 'a:1,b:2'}
-  assert len(recorded) == len(config_flags.new_flag_values()) == 69
+  assert set(recorded) == set(config_flags.new_flag_values())   # Every flag is recorded.
   assert ExperimentConfig.from_settings(recorded) == cfg
   assert cfg.replace(clip=2.0).dp.clip == 2.0 and cfg.dp.clip == 0.5   # Frozen: a copy.
   with pytest.raises(Exception):

@@ -25,7 +25,8 @@ from tff_dp import choices
 from tff_dp.errors import UserInputError
 
 
-def setting(default: Any = dataclasses.MISSING, help: str = '', *,  # pylint: disable=redefined-builtin
+def setting(default: Any = dataclasses.MISSING,
+            help: str = '', *,  # pylint: disable=redefined-builtin
             default_factory: Any = dataclasses.MISSING, flag: Optional[str] = None,
             one_of: Optional[Mapping[str, str]] = None,
             check: Optional[tuple[Callable[[Any], bool], str]] = None,
