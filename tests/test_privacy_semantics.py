@@ -202,7 +202,8 @@ def test_resume_refuses_changed_mechanism_and_records_allowed_changes(task, tmp_
                         (dict(task='emnist'), "task was 'stackoverflow_tag', now 'emnist'"),
                         (dict(client_batch_size=4), 'client_batch_size was 8, now 4')]:
     with pytest.raises(errors.UserInputError) as e:
-      _run(task, tmp_path, 'exp', total_rounds=3, resume=True, **change)
+      experiment.run(_config(tmp_path, 'exp', total_rounds=3, resume=True, **change), task,
+                     log=lambda line: None)
     assert named in str(e.value)
     after = {p: open(tmp_path / 'exp' / p, 'rb').read() for p in _tree(tmp_path / 'exp')
              if p != '.lock'}
