@@ -9,10 +9,12 @@ compiles). Peak RSS is sampled from /proc every 0.2 s: the run_experiment.py pro
 coordinator), its TFF `worker_binary`, and their sum at the same instant.
 
 `--max_concurrent CLIENTS:CAP,...` passes `--max_concurrent_computation_calls=CAP` to the cells
-with that many clients per round (the memory bound for large rounds). One vs two loopback
-workers is measured by `bench_workers.py` (each worker pinned to its own core).
+with that many clients per round, and `--client_slices CLIENTS:K,...` passes `--client_slices=K`
+(the two memory bounds for large rounds; a cap of 100 at 500 EMNIST clients left TFF's worker
+idle and the round never finished, see BUILD_NOTES.md, so slices are the bound that works). One
+vs two loopback workers is measured by `bench_workers.py` (each worker pinned to its own core).
 Usage: python benchmarks/bench_scaling.py [--clients 10,100,500] [--tasks emnist,stackoverflow_word]
-           [--total_rounds 3] [--max_concurrent 500:100]
+           [--total_rounds 3] [--max_concurrent 500:100] [--client_slices 500:5]
 """
 
 import argparse
@@ -76,13 +78,15 @@ def _cache(cache_dir: str, task: str, population: int) -> str:
   return path
 
 
-def run_cell(task: str, data_dir: str, clients: int, rounds: int, cap: int) -> dict:
+def run_cell(task: str, data_dir: str, clients: int, rounds: int, cap: int,
+             slices: int) -> dict:
   out_dir = tempfile.mkdtemp(prefix='bench_scaling-')
   cmd = [sys.executable, os.path.join(ROOT, 'run_experiment.py'), f'--task={task}',
          f'--data_dir={data_dir}', '--dp=adaptive', '--clip=0.1', '--noise_multiplier=0.3',
          f'--clients_per_round={clients}', '--client_sampling=fixed_size',
          f'--total_rounds={rounds}', f'--rounds_per_eval={rounds + 1}',
          f'--rounds_per_checkpoint={rounds}', f'--max_concurrent_computation_calls={cap}',
+         f'--client_slices={slices}',
          '--sampling_seed=0', f'--root_output_dir={out_dir}', '--experiment_name=scaling']
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='3')
   seconds, tail = {}, []
@@ -115,24 +119,28 @@ def main():
                       help='CLIENTS:CAP,... e.g. 500:100 (default: no cap anywhere).')
   parser.add_argument('--cache_dir', default=os.path.join(tempfile.gettempdir(),
                                                           'tff_dp_bench_scaling'))
+  parser.add_argument('--client_slices', default='',
+                      help='CLIENTS:SLICES,... e.g. 500:5 (default: one slice everywhere).')
   args = parser.parse_args()
   clients = [int(c) for c in args.clients.split(',')]
-  caps = {int(k): int(v) for k, v in (kv.split(':') for kv in args.max_concurrent.split(',')
-                                       if kv)}
+  per_clients = lambda spec: {int(k): int(v) for k, v in (kv.split(':')
+                                                           for kv in spec.split(',') if kv)}
+  caps, slices = per_clients(args.max_concurrent), per_clients(args.client_slices)
   if args.total_rounds < 2 or max(clients) > args.population:
     parser.error('--total_rounds must be >= 2 and every --clients <= --population')
   print(f'{os.cpu_count()} cores; adaptive DP z=0.3, fixed-size samples from {args.population} '
         f'clients; s/round = median of rounds 2..{args.total_rounds}; peak RSS sampled every '
         '0.2 s', flush=True)
-  print(f'\n{"task":<20} {"clients":>7} {"cap":>5} {"ex/client":>9} {"s/round":>8} '
+  print(f'\n{"task":<20} {"clients":>7} {"cap":>5} {"slices":>6} {"ex/client":>9} {"s/round":>8} '
         f'{"s/client":>8} {"round 1 s":>9} {"coord GiB":>9} {"worker GiB":>10} '
         f'{"sum GiB":>8}', flush=True)
   for task in args.tasks.split(','):
     data_dir = _cache(args.cache_dir, task, args.population)
     for n in clients:
       cap = caps.get(n, -1)
-      r = run_cell(task, data_dir, n, args.total_rounds, cap)
-      print(f'{task:<20} {n:>7} {cap if cap > 0 else "-":>5} {_EXAMPLES_PER_CLIENT[task]:>9} '
+      r = run_cell(task, data_dir, n, args.total_rounds, cap, slices.get(n, 1))
+      print(f'{task:<20} {n:>7} {cap if cap > 0 else "-":>5} {slices.get(n, 1):>6} '
+            f'{_EXAMPLES_PER_CLIENT[task]:>9} '
             f'{r["s_per_round"]:>8.2f} {r["s_per_round"] / n:>8.3f} {r["first_round"]:>9.1f} '
             f'{r["coordinator_gib"]:>9.2f} {r["worker_gib"]:>10.2f} {r["total_gib"]:>8.2f}',
             flush=True)

@@ -357,7 +357,7 @@ class RuntimeConfig(Section):
       'memory; same results up to float summation order. Not with `workers`.',
       check=_at_least(1), resumable=True)
   worker_restart_rounds: int = setting(
-      0, 'Replace the local TFF worker by a fresh process after every N-th round (0: never). '
+      100, 'Replace the local TFF worker by a fresh process after every N-th round (0: never). '
       'Bounds the worker\'s memory over long runs (its heap fragments: ~0.3-0.5 MiB per '
       'round); same results, one worker start per restart. No effect with `workers`.',
       check=_NON_NEGATIVE, resumable=True)
