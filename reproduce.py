@@ -13,9 +13,10 @@ the embedded offline data, few rounds and clients (a pipeline check, not the pap
 Each arm runs as its own `run_experiment.py` process (clean TF/TFF state, its own worker). An
 arm whose run directory is complete is skipped, a partial one is resumed, so re-running the
 command after an interruption continues where it stopped. Before anything runs, every run
-directory about to be skipped or resumed is checked against the flags that would be run now:
-if its config.json records another value for one of them (a flag file was edited since), the
-command stops with an `error:` line instead of passing the old run off as the current arm.
+directory about to be skipped or resumed is checked against the config its flags give now:
+if its config.json records another value for any setting (a flag file was edited since, or a
+flag removed so that a default applies), the command stops with an `error:` line instead of
+passing the old run off as the current arm.
 
 --extra_flags make a different run: it goes to its own directory ARM+SLUG+HASH (SLUG the flags
 made filesystem-safe, HASH of the exact flag list), e.g. --extra_flags=--seed=1 runs
@@ -38,7 +39,6 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from absl import app
 from absl import flags
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -112,72 +112,41 @@ def check_extra_flags(extra: Sequence[str]) -> None:
                        'directory is ROOT/TABLE-SCALE/runs/...; use --root_output_dir)')
 
 
-def read_flag_file(path: str, _stack: tuple = ()) -> list[str]:
-  """The flags of an absl flag file in order, as absl reads it: blank lines and lines starting
-  with '#' or '//' skipped, nested --flagfile= expanded in place."""
-  if path in _stack:
-    return []
-  out = []
-  with open(path) as f:
-    for line in f:
-      if not line.strip() or line.startswith(('#', '//')):
-        continue
-      if line.startswith(('--flagfile=', '-flagfile=')):
-        out += read_flag_file(os.path.expanduser(line.partition('=')[2].strip()), _stack + (path,))
-      else:
-        out.append(line.strip())
-  return out
+def _as_flag(name: str, value) -> str:
+  """A setting as the flag that gives it (`--name=value`, `--noname`, `--name` unset)."""
+  if isinstance(value, bool):
+    return f'--{"" if value else "no"}{name}'
+  if value is None:
+    return f'--{name} unset'
+  if isinstance(value, (list, tuple)):
+    value = ','.join(str(v) for v in value)
+  elif isinstance(value, dict):
+    value = ','.join(f'{k}={v}' for k, v in value.items())
+  return f'--{name}={value}'
 
 
-def _expand(cmd_flags: Sequence[str]) -> list[str]:
-  out = []
-  for flag in cmd_flags:
-    name, value = _split_flag(flag)
-    out += read_flag_file(os.path.expanduser(value)) if name == 'flagfile' and value else [flag]
-  return out
-
-
-def _same_setting(recorded, value: Optional[str]) -> bool:
-  """Whether the flag value `value` (None: a bare `--name`) gives the setting config.json
-  recorded as `recorded`, parsed as absl parses a flag of that type."""
+def arm_config(arm_flags: Sequence[str]):
+  """The config `run_experiment.py` runs for these flags (flag files expanded as absl does);
+  raises ValueError naming a bad flag or setting. Imports no TensorFlow."""
+  # pylint: disable=g-import-not-at-top
+  from tff_dp import cli_flags
+  from tff_dp.errors import UserInputError
+  from tff_dp.training import config_flags
   try:
-    if isinstance(recorded, bool):
-      parsed = True if value is None else {'true': True, 't': True, '1': True, 'false': False,
-                                           'f': False, '0': False}[value.lower()]
-      return parsed == recorded
-    if value is None or recorded is None:
-      return False
-    if isinstance(recorded, (int, float)):
-      return float(value) == float(recorded)
-    if isinstance(recorded, list):
-      items = [v.strip() for v in value.split(',') if v.strip()]
-      return len(items) == len(recorded) and all(
-          _same_setting(r, v) for r, v in zip(recorded, items))
-    if isinstance(recorded, dict):   # --paper_results=key=number,...
-      pairs = [item.partition('=') for item in value.split(',') if item.strip()]
-      return {k.strip(): float(v) for k, _, v in pairs} == {
-          k: float(v) for k, v in recorded.items()}
-    return value == str(recorded)
-  except (KeyError, ValueError, TypeError):
-    return False
+    return config_flags.parse(arm_flags)
+  except UserInputError as e:
+    raise ValueError(cli_flags.as_flags(str(e), config_flags.new_flag_values())) from None
 
 
-def config_differences(config: dict, cmd_flags: Sequence[str]) -> list[str]:
-  """The flags of an arm's command whose value differs from what the run's config.json records.
-
-  Only flags that config.json records are compared (e.g. not --data_dir or --client_batch_size),
-  and only those set on the command line or in its flag files: removing a flag from a flag file
-  so that run_experiment.py's default applies is not seen. The last setting of a flag wins.
-  """
-  settings: dict[str, Optional[str]] = {}
-  for flag in _expand(cmd_flags):
-    name, value = _split_flag(flag)
-    if name not in config and value is None and name.startswith('no') and name[2:] in config:
-      name, value = name[2:], 'false'   # --noflag
-    if name in config and name not in _PER_ARM_FLAGS:
-      settings[name] = value
-  return [f'--{name}{"" if value is None else "=" + value} (the run has {config[name]!r})'
-          for name, value in settings.items() if not _same_setting(config[name], value)]
+def config_differences(recorded: dict, arm_flags: Sequence[str]) -> list[str]:
+  """The settings of the arm's command that differ from what the run's config.json records,
+  as the flags that give them now: every setting config.json records is compared (those a run
+  directory written by an older version did not record are not), except the run's name, place
+  and `resume`, which reproduce.py sets for each arm."""
+  now = json.loads(json.dumps(arm_config(arm_flags).settings()))   # JSON types, as recorded.
+  return [f'{_as_flag(name, value)} (the run has {recorded[name]!r})'
+          for name, value in now.items()
+          if name in recorded and name not in _PER_ARM_FLAGS and recorded[name] != value]
 
 
 def arm_files(table_dir: str) -> list[str]:
@@ -286,9 +255,13 @@ def plan_table(table: str, *, scale: str, data_dir: str, root_output_dir: str,
     name = arm_name(arm_file)
     run_dir = os.path.join(runs_dir, run_dir_name(name, extra))
     state = _run_state(run_dir)
+    arm_flags = _arm_flags(arm_file, table_dir, scale, data_dir, extra)
+    try:
+      arm_config(arm_flags)   # Every arm's flags are checked before the first arm runs.
+    except ValueError as e:
+      raise ValueError(f'[{table}] {name}: {e}') from None
     if state != 'missing':
-      _check_reusable(table, name, run_dir, state,
-                      _arm_flags(arm_file, table_dir, scale, data_dir, extra))
+      _check_reusable(table, name, run_dir, state, arm_flags)
     plan.arms.append(ArmPlan(name, run_dir, state,
                              arm_command(arm_file, table_dir, runs_dir, scale, data_dir, extra)))
   return plan
@@ -362,9 +335,16 @@ def reproduce_table(table: str, *, scale: str, data_dir: str, root_output_dir: s
 
 
 def main(argv) -> int:
-  if len(argv) > 1:
-    print(f'error: unexpected arguments {argv[1:]}', file=sys.stderr)
-    return 2
+  """argv (program name first) -> exit code: 0 done, 2 bad input (unknown flags included),
+  1 an arm failed."""
+  import tff_dp  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  from tff_dp import cli_flags  # pylint: disable=g-import-not-at-top
+  from tff_dp.errors import UserInputError  # pylint: disable=g-import-not-at-top
+  try:
+    if cli_flags.parse(flags.FLAGS, argv, __doc__) == 0:   # Printed the help.
+      return 0
+  except UserInputError as e:
+    return cli_flags.report(e, flags.FLAGS)
   # `~` expanded in every path flag (shells leave `--flag=~/x` alone).
   experiments_dir = os.path.expanduser(_EXPERIMENTS.value)
   root_output_dir = os.path.expanduser(_ROOT_OUTPUT_DIR.value)
@@ -372,9 +352,6 @@ def main(argv) -> int:
     print('error: --table is required; available: '
           f'{", ".join(list_tables(experiments_dir))}, all', file=sys.stderr)
     return 2
-  import tff_dp  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  from tff_dp import cli_flags  # pylint: disable=g-import-not-at-top
-  from tff_dp.errors import UserInputError  # pylint: disable=g-import-not-at-top
   data_dir = os.path.expanduser(_DATA_DIR.value)
   if _SCALE.value == 'full' and not os.path.isdir(data_dir):
     print(f'error: --data_dir {data_dir} does not exist; download the datasets first with '
@@ -402,4 +379,4 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
-  app.run(lambda argv: sys.exit(main(argv)))
+  sys.exit(main(sys.argv))

@@ -30,6 +30,7 @@ import bench_scaling  # noqa: E402  (its loopback worker helper)
 import tasks  # noqa: E402
 from tasks import synthetic_data  # noqa: E402
 from tff_dp import distributed  # noqa: E402
+from tff_dp.training import config as config_lib  # noqa: E402
 from tff_dp.training import experiment  # noqa: E402
 
 
@@ -79,8 +80,8 @@ def _measure(task, counter, root, name, rounds, clients, on_workers):
     if line.startswith('round ') or line.startswith('run directory:'):
       snapshots.append(counter.snapshot())
 
-  cfg = experiment.ExperimentConfig(
-      root_output_dir=root, experiment_name=name, total_rounds=rounds, seed=0,
+  cfg = config_lib.ExperimentConfig.from_settings(
+      root_output_dir=root, experiment_name=name, task=task.name, total_rounds=rounds, seed=0,
       clients_per_round=clients, client_sampling='fixed_size', sampling_seed=0,
       dp='adaptive', clip=0.1, noise_multiplier=0.5, accounting=('rdp',),
       rounds_per_eval=rounds, max_eval_examples=100, datasets_on_workers=on_workers)

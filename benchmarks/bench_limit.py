@@ -45,6 +45,7 @@ import bench_common  # noqa: E402
 import tasks  # noqa: E402
 from tasks import synthetic_data  # noqa: E402
 from tff_dp import runtime  # noqa: E402
+from tff_dp.training import config as config_lib  # noqa: E402
 from tff_dp.training import experiment  # noqa: E402
 
 ARMS = ('raw', 'tff', 'tff_iterator', 'ours')
@@ -160,12 +161,11 @@ class RawClientWork:
 
 
 def _ours_config(task_name: str, clients: int, root: str,
-                 client_cache_size: int) -> experiment.ExperimentConfig:
+                 client_cache_size: int) -> config_lib.ExperimentConfig:
   """run_experiment.py's defaults, sampling all `clients` clients every round."""
-  return experiment.ExperimentConfig(
+  return config_lib.ExperimentConfig.from_settings(
       root_output_dir=root, experiment_name=f'{task_name}-{clients}',
-      client_cache_size=client_cache_size,
-      task_settings=dict(task=task_name, client_batch_size=_BATCH),
+      client_cache_size=client_cache_size, task=task_name, client_batch_size=_BATCH,
       total_rounds=10**6, rounds_per_eval=10**6, rounds_per_checkpoint=10**6,
       clients_per_round=clients, max_train_clients=clients, client_sampling='fixed_size',
       client_learning_rate=_LEARNING_RATE, dp='adaptive', clip=0.1, noise_multiplier=0.5)

@@ -31,6 +31,7 @@ import tensorflow_federated as tff  # noqa: E402
 import tasks  # noqa: E402
 from tasks import synthetic_data  # noqa: E402
 from tff_dp import runtime  # noqa: E402
+from tff_dp.training import config as config_lib  # noqa: E402
 from tff_dp.training import experiment  # noqa: E402
 
 _CLIENTS, _EXAMPLES = 10, 100
@@ -68,7 +69,7 @@ def plain_tff_seconds(data_dir: str, rounds: int) -> list[float]:
 def ours_seconds(data_dir: str, rounds: int, **overrides) -> list[float]:
   task = tasks.build_task('emnist', data_dir, client_batch_size=20, only_digits=False)
   root = tempfile.mkdtemp(prefix='tff_dp_bench_')  # A fresh run directory per arm.
-  cfg = experiment.ExperimentConfig(
+  cfg = config_lib.ExperimentConfig.from_settings(
       root_output_dir=root, experiment_name='ours', total_rounds=rounds + 1,
       clients_per_round=_CLIENTS, client_sampling='fixed_size', client_learning_rate=0.05,
       dp='adaptive', clip=0.1, noise_multiplier=0.5, rounds_per_eval=10**6,

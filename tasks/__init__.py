@@ -1,50 +1,75 @@
-"""Benchmark tasks (EMNIST, StackOverflow next-word and tag prediction) on TFF's loaders."""
+"""Benchmark tasks (EMNIST, StackOverflow next-word and tag prediction) on TFF's loaders.
 
+`TASKS` is the one list of tasks (the `task` setting's choices). This module imports no
+TensorFlow at the top, so that a configuration can be checked against `TASKS` before TF is
+loaded (the command line reports a bad flag in a second); building a task imports it.
+"""
+
+import importlib
 import inspect
 import os
 from typing import Optional
 
-import tensorflow_federated as tff
-
-from tasks.base import FederatedTask
+from tasks.registry import DEFAULT_EMBEDDED_DATA_DIR
+from tasks.registry import TASK_NAMES
+from tasks.registry import TASKS
+from tasks.registry import TaskSpec
 from tff_dp.errors import UserInputError
 
-__all__ = ['TASK_NAMES', 'FederatedTask', 'build_task']
+__all__ = ['TASKS', 'TASK_NAMES', 'TaskSpec', 'DEFAULT_EMBEDDED_DATA_DIR', 'FederatedTask',
+           'build_task', 'load']
 
-TASK_NAMES = ('emnist', 'stackoverflow_word', 'stackoverflow_tag')
+
+def __getattr__(name):
+  if name == 'FederatedTask':   # Imports TensorFlow: only when asked for.
+    from tasks.base import FederatedTask  # pylint: disable=g-import-not-at-top
+    return FederatedTask
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def _spec(name: str) -> TaskSpec:
+  if name not in TASKS:
+    raise UserInputError(f'unknown `task` {name!r}; choose one of {", ".join(TASKS)}')
+  return TASKS[name]
 
 
 def build_task(name: str, data_dir: str, *, client_batch_size: int = 20,
                client_epochs: int = 1, max_elements_per_client: Optional[int] = None,
                shuffle_buffer_size: Optional[int] = None, shuffle_seed: Optional[int] = None,
-               **task_options) -> FederatedTask:
-  """Builds task `name` from the TFF cache in `data_dir` (never downloads).
+               **task_options):
+  """Builds task `name` (a `tasks.base.FederatedTask`) from the TFF cache in `data_dir` (never
+  downloads).
 
   `shuffle_seed` (optional) makes the client-side shuffle of `preprocess_train` reproducible;
   `task_options` are the task's own options (see `tasks.emnist.build`,
   `tasks.stackoverflow.build_word_prediction` / `build_tag_prediction`).
   """
-  if name not in TASK_NAMES:
-    raise UserInputError(f'unknown `task` {name!r}; choose one of {", ".join(TASK_NAMES)}')
+  spec = _spec(name)
   if client_batch_size < 1 or client_epochs < 1:
     raise UserInputError('client batch size and epochs must be positive')
   if max_elements_per_client is not None and max_elements_per_client < 1:
     raise UserInputError('max_elements_per_client must be positive when set')
-  spec = tff.simulation.baselines.ClientSpec(
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top  (start-up time)
+  spec_ = tff.simulation.baselines.ClientSpec(
       num_epochs=client_epochs, batch_size=client_batch_size,
       max_elements=max_elements_per_client, shuffle_buffer_size=shuffle_buffer_size)
-  # pylint: disable=g-import-not-at-top
-  if name == 'emnist':
-    from tasks import emnist
-    builder = emnist.build
-  else:
-    from tasks import stackoverflow
-    builder = (stackoverflow.build_word_prediction if name == 'stackoverflow_word'
-               else stackoverflow.build_tag_prediction)
+  builder = getattr(importlib.import_module(f'tasks.{spec.module}'), spec.builder)
   allowed = set(inspect.signature(builder).parameters) - {'data_dir', 'client_spec',
                                                           'shuffle_seed'}
   unknown = sorted(set(task_options) - allowed)
   if unknown:
     raise UserInputError(f'task {name!r} has no option(s) {unknown}; valid: {sorted(allowed)}')
   # `~` expanded here, where the path is used, for every caller (shells leave `--x=~/y` alone).
-  return builder(os.path.expanduser(data_dir), spec, shuffle_seed=shuffle_seed, **task_options)
+  return builder(os.path.expanduser(data_dir), spec_, shuffle_seed=shuffle_seed,
+                 **task_options)
+
+
+def load(name: str, data_dir: Optional[str] = None, *,
+         embedded_data_dir: str = DEFAULT_EMBEDDED_DATA_DIR, **build_options):
+  """`build_task` from `data_dir`, or, when it is None, from the embedded synthetic dataset,
+  generated deterministically into `embedded_data_dir` if not there yet (no download)."""
+  _spec(name)
+  if data_dir is None:
+    from tasks import synthetic_data  # pylint: disable=g-import-not-at-top  (imports TF)
+    data_dir = synthetic_data.ensure_default_cache(embedded_data_dir, name)
+  return build_task(name, data_dir, **build_options)

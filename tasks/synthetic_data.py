@@ -29,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from tasks import emnist as emnist_task
+from tasks import registry
 from tasks import stackoverflow as so_task
 from tff_dp.errors import UserInputError
 
@@ -291,9 +292,9 @@ def write_stackoverflow_cache(cache_dir: str, num_train_clients: int = 20,
 
 def ensure_default_cache(cache_dir: str, task_name: str) -> str:
   """Builds the embedded default dataset for `task_name` in `cache_dir` unless present."""
-  if task_name not in ('emnist', 'stackoverflow_word', 'stackoverflow_tag'):
+  if task_name not in registry.TASKS:
     raise UserInputError(f'no embedded dataset for task {task_name!r}')
-  family = 'emnist' if task_name == 'emnist' else 'stackoverflow'
+  family = registry.TASKS[task_name].family
   cache_dir = os.path.expanduser(cache_dir)   # `~` as a user may type it in a path flag.
   marker = os.path.join(cache_dir, _MARKER.format(family))
   db = emnist_task.DB_NAME if family == 'emnist' else so_task.DB_NAME

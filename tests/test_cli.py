@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-from run_helpers import REPO
 from run_helpers import script
 from run_helpers import script_env
 
@@ -43,7 +42,9 @@ def existing_run(tmp_path):
 
 
 BAD = [
-    (['--task=mnist_nope'], 'unknown --task'),
+    (['--task=mnist_nope'], 'flag --task=mnist_nope: value should be one of'),
+    (['--bogus_flag'], "Unknown command line flag 'bogus_flag'"),
+    (['--clip=-1'], '--clip must be positive, got -1.0'),
     (['--clients_per_round=0', '--dp=none'], '--clients_per_round must be a positive integer'),
     (['--clients_per_round=-3', '--dp=none'], '--clients_per_round must be a positive integer'),
     (['--dp=fixed', '--noise_multiplier=1.0'], 'needs --clip'),
@@ -96,22 +97,65 @@ def test_existing_run_dir_is_not_overwritten(tmp_path, existing_run):
   assert _tree_digest(existing_run) == before
 
 
-def test_help_reads_well(tmp_path):
-  env = dict(os.environ, PYTHONPATH=REPO)
-  out = subprocess.run([sys.executable, os.path.join(REPO, 'run_experiment.py'), '--helpshort'],
-                       capture_output=True, text=True, env=env, timeout=120).stdout
-  for flag in ('--task', '--clients_per_round', '--clip', '--noise_multiplier', '--dp',
-               '--max_epsilon', '--precondition', '--ema_beta', '--resume'):
-    assert flag in out
+# run_experiment.main in a fresh interpreter that then states whether TensorFlow was imported.
+_MAIN_WITHOUT_TF = ('import sys, run_experiment; code = run_experiment.main(sys.argv); '
+                    'print("tensorflow imported:", "tensorflow" in sys.modules); sys.exit(code)')
+
+
+def _run_main(args, cwd):
+  proc = subprocess.run([sys.executable, '-c', _MAIN_WITHOUT_TF] + args, cwd=cwd,
+                        env=script_env(), capture_output=True, text=True, timeout=120)
+  return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--bogus_flag'], "error: Unknown command line flag 'bogus_flag'"),
+    (['--clip=-1'], 'error: --clip must be positive, got -1.0'),
+    (['--dp=fixed', '--clip=1'], 'error: --dp=fixed needs --noise_multiplier >= 0'),
+    (['--task=nope'], 'error: flag --task=nope: value should be one of '
+                      '<emnist|stackoverflow_word|stackoverflow_tag>'),
+    (['--dp=none', 'stray'], "error: unexpected arguments ['stray']"),
+    (['--dp=none', '--paper_results=accuracy'],
+     "error: --paper_results: expected key=number, got 'accuracy'"),
+])
+def test_flag_errors_exit_2_before_tensorflow_is_imported(args, message, tmp_path):
+  code, out, err = _run_main(args, tmp_path)
+  assert code == 2, err
+  assert _error_lines(err) == [message], err
+  assert 'tensorflow imported: False' in out
+  assert os.listdir(tmp_path) == []
+
+
+def test_help_lists_every_flag_grouped_by_section(tmp_path):
+  from tff_dp.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  code, out, _ = _run_main(['--helpshort'], tmp_path)
+  assert code == 0 and 'tensorflow imported: False' in out
+  headers = [l.split(':')[0] for l in out.splitlines() if l and not l.startswith(' ')
+             and l.split(':')[0] in config_lib.SECTIONS]
+  assert headers == list(config_lib.SECTIONS)   # Every section once, in declaration order.
+  blocks = dict(zip(headers, out.split('\n\n')[-len(headers):]))
+  for section, fields in config_lib.fields_by_section().items():
+    for field in fields:   # Each flag with its help, in its section's block.
+      name = config_lib.setting_name(field)
+      assert f'--{name}: ' in blocks[section] or f'--[no]{name}: ' in blocks[section], name
+  for section, flag in [('task', '--task'), ('dp', '--clip'), ('dp', '--dp'),
+                        ('accounting', '--max_epsilon'), ('adadps', '--precondition'),
+                        ('checkpoint_aggregation', '--ema_beta'), ('output', '--[no]resume'),
+                        ('runtime', '--workers'), ('sampling', '--clients_per_round')]:
+    assert f'{flag}: ' in blocks[section]
+  # Library help names parameters in backticks; the CLI shows them as its flags.
+  assert '--embedded_data_dir; no download' in ' '.join(blocks['task'].split())
+  assert '`' not in blocks['task']
 
 
 def test_library_parameters_read_as_flags_on_the_command_line(tmp_path):
   """The library names parameters (`dp=fixed`, `clip`); the CLI prints them as its flags."""
   from tff_dp import cli_flags  # pylint: disable=g-import-not-at-top
   from tff_dp.errors import UserInputError  # pylint: disable=g-import-not-at-top
-  from tff_dp.training import experiment  # pylint: disable=g-import-not-at-top
+  from tff_dp.training import config as config_lib  # pylint: disable=g-import-not-at-top
   with pytest.raises(UserInputError) as raised:
-    experiment.ExperimentConfig(str(tmp_path), 'x', dp='fixed', noise_multiplier=1.0).validate()
+    config_lib.ExperimentConfig.from_settings(root_output_dir=str(tmp_path), experiment_name='x',
+                                              dp='fixed', noise_multiplier=1.0)
   message = str(raised.value)
   assert message.startswith('`dp=fixed` needs `clip` (') and '--' not in message
   assert (cli_flags.as_flags('`dp=fixed` needs `clip`, not `clip_norm` (see `tff_dp.run`)',

@@ -1,7 +1,6 @@
 """Client datasets built on the workers from client ids (`datasets_on_workers`): the same
 elements as the coordinator-built pipeline for any id, the same model, ledger and rejections."""
 
-import dataclasses
 import json
 import os
 import sqlite3
@@ -14,6 +13,7 @@ import tasks
 from tasks import synthetic_data
 from tff_dp import ledger as ledger_lib
 from tff_dp.errors import UserInputError
+from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
 from test_tasks import ODD_IDS
 from test_tasks import _odd_emnist_cache
@@ -99,7 +99,8 @@ def odd_so_cache(tmp_path_factory):
 
 
 def _run(data_dir, root, name, **overrides):
-  cfg = dict(root_output_dir=str(root), experiment_name=name, total_rounds=2, seed=4,
+  cfg = dict(root_output_dir=str(root), experiment_name=name, task='stackoverflow_tag',
+             total_rounds=2, seed=4,
              clients_per_round=6, client_sampling='fixed_size', sampling_seed=0,
              dp='adaptive', clip=0.5, noise_multiplier=0.0, clipped_count_stddev=0.0,
              max_eval_examples=50, accounting=('rdp',), client_learning_rate=1.0)
@@ -108,7 +109,7 @@ def _run(data_dir, root, name, **overrides):
                           word_vocab_size=200, tag_vocab_size=30)
   assert _ODD_ID in task.train_data.client_ids and _EMPTY_ID in task.train_data.client_ids
   lines = []
-  summary = experiment.run(experiment.ExperimentConfig(**cfg), task, log=lines.append)
+  summary = experiment.run(config_lib.ExperimentConfig.from_settings(cfg), task, log=lines.append)
   records = ledger_lib.read_ledger(os.path.join(summary.run_dir, 'ledger.jsonl'))
   weights = summary.final_state.global_model_weights
   return weights, records, [l for l in lines if 'skipped' in l]
@@ -133,15 +134,15 @@ def test_ids_mode_trains_the_same_model_with_the_same_ledger(odd_so_cache, tmp_p
 
 
 def test_datasets_on_workers_is_validated_and_may_change_on_resume(tmp_path):
-  cfg = experiment.ExperimentConfig(root_output_dir=str(tmp_path), experiment_name='x',
-                                    clip=1.0, noise_multiplier=1.0)
-  assert cfg.datasets_on_workers is False
-  changed = dataclasses.replace(cfg, datasets_on_workers=True)
-  recorded = json.loads(json.dumps(dataclasses.asdict(cfg)))   # As config.json holds it.
+  cfg = config_lib.ExperimentConfig.from_settings(
+      root_output_dir=str(tmp_path), experiment_name='x', clip=1.0, noise_multiplier=1.0)
+  assert cfg.runtime.datasets_on_workers is False
+  changed = cfg.replace(datasets_on_workers=True)
+  recorded = json.loads(json.dumps(cfg.settings()))   # As config.json holds it.
   assert experiment.resume_changes(recorded, changed) == {
       'datasets_on_workers': (False, True)}
   with pytest.raises(UserInputError, match='`datasets_on_workers`'):
-    dataclasses.replace(cfg, datasets_on_workers='yes').validate()
+    cfg.replace(datasets_on_workers='yes')
 
 
 def test_task_without_a_dataset_computation_is_a_user_error():

@@ -15,6 +15,7 @@ from tff_dp import aggregators
 from tff_dp import ledger as ledger_lib
 from tff_dp import runtime
 from tff_dp.accounting import accountant as accountant_lib
+from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
 from run_helpers import metrics_rows
 from run_helpers import script
@@ -46,8 +47,8 @@ def _task(name, data_dir):
 @pytest.mark.slow
 @pytest.mark.parametrize('task_name', tasks.TASK_NAMES)
 def test_three_round_dp_fedavg_learns_with_zero_noise(task_name, data_dir, tmp_path):
-  cfg = experiment.ExperimentConfig(
-      root_output_dir=str(tmp_path), experiment_name='e2e', total_rounds=3,
+  cfg = config_lib.ExperimentConfig.from_settings(
+      root_output_dir=str(tmp_path), experiment_name='e2e', task=task_name, total_rounds=3,
       clients_per_round=8, client_sampling='fixed_size', dp='fixed', clip=10.0,
       noise_multiplier=0.0, client_learning_rate=LEARNING_RATES[task_name],
       server_momentum=0.0, max_eval_examples=200)

@@ -1,6 +1,5 @@
 """The training loop's privacy behaviour: --max_epsilon, and post-processing leaves the ledger alone."""
 
-import dataclasses
 import json
 import os
 
@@ -12,6 +11,7 @@ from tasks import synthetic_data
 from tff_dp import ledger as ledger_lib
 from tff_dp.accounting import accountant as accountant_lib
 from tff_dp.errors import UserInputError
+from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
 from tff_dp.training import fed_avg
 from run_helpers import metrics_rows
@@ -31,11 +31,11 @@ def _task(data_dir):
 
 
 def _run(data_dir, root, name, **overrides):
-  cfg = dict(root_output_dir=str(root), experiment_name=name, total_rounds=4,
-             clients_per_round=5, dp='fixed', clip=1.0, noise_multiplier=0.8,
+  cfg = dict(root_output_dir=str(root), experiment_name=name, task='stackoverflow_tag',
+             total_rounds=4, clients_per_round=5, dp='fixed', clip=1.0, noise_multiplier=0.8,
              max_eval_examples=50, accounting=('rdp',), seed=3)
   cfg.update(overrides)
-  summary = experiment.run(experiment.ExperimentConfig(**cfg), _task(data_dir),
+  summary = experiment.run(config_lib.ExperimentConfig.from_settings(cfg), _task(data_dir),
                            log=lambda s: None)
   rows = metrics_rows(summary.run_dir)
   records = ledger_lib.read_ledger(os.path.join(summary.run_dir, 'ledger.jsonl'))
@@ -100,15 +100,15 @@ def test_loop_implementation_reaches_tff_and_trains_the_same_model(data_dir, tmp
 
 
 def test_loop_implementation_is_validated_and_may_change_on_resume(tmp_path):
-  cfg = experiment.ExperimentConfig(str(tmp_path), 'exp', dp='none')
-  cfg.validate()
-  assert cfg.loop_implementation == 'dataset_iterator'
-  recorded = json.loads(json.dumps(dataclasses.asdict(cfg)))
-  changed = dataclasses.replace(cfg, loop_implementation='dataset_reduce')
+  cfg = config_lib.ExperimentConfig.from_settings(root_output_dir=str(tmp_path),
+                                                  experiment_name='exp', dp='none')
+  assert cfg.runtime.loop_implementation == 'dataset_iterator'
+  recorded = json.loads(json.dumps(cfg.settings()))   # As config.json holds it.
+  changed = cfg.replace(loop_implementation='dataset_reduce')
   assert experiment.resume_changes(recorded, changed) == {
       'loop_implementation': ('dataset_iterator', 'dataset_reduce')}
   with pytest.raises(UserInputError, match='`loop_implementation`'):
-    dataclasses.replace(cfg, loop_implementation='DATASET_REDUCE').validate()
+    cfg.replace(loop_implementation='DATASET_REDUCE')
 
 
 def test_worker_restarts_between_rounds_leave_the_model_unchanged(data_dir, tmp_path):
@@ -118,7 +118,7 @@ def test_worker_restarts_between_rounds_leave_the_model_unchanged(data_dir, tmp_
   weights, pids = {}, {}
   for every in (0, 2):
     seen = []
-    cfg = experiment.ExperimentConfig(
+    cfg = config_lib.ExperimentConfig.from_settings(
         root_output_dir=str(tmp_path), experiment_name=f'restart_{every}', total_rounds=4,
         clients_per_round=5, dp='fixed', clip=1.0, noise_multiplier=0.0, sampling_seed=7,
         max_eval_examples=50, accounting=('rdp',), seed=3, worker_restart_rounds=every)

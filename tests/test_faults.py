@@ -19,6 +19,7 @@ from tff_dp import aggregators
 from tff_dp import ledger as ledger_lib
 from tff_dp import runtime
 from tff_dp.aggregators.non_finite import NonFiniteZeroingFactory
+from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
 from tff_dp.training import run_dir as run_dir_lib
 from run_helpers import metrics_rows
@@ -90,7 +91,7 @@ def _tiny_task():
 
 def test_bad_client_data_and_diverged_updates_never_reach_the_model(tmp_path):
   task = _tiny_task()
-  cfg = experiment.ExperimentConfig(
+  cfg = config_lib.ExperimentConfig.from_settings(
       root_output_dir=str(tmp_path), experiment_name='bad', total_rounds=3,
       clients_per_round=9, client_sampling='fixed_size', dp='adaptive', clip=1.0,
       noise_multiplier=0.1, clipped_count_stddev=1.0, client_learning_rate=0.1,

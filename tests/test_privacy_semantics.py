@@ -16,11 +16,11 @@ import pytest
 
 import run_experiment
 import tasks
-from absl import flags
 from tasks import synthetic_data
 from tff_dp import errors
 from tff_dp import ledger as ledger_lib
 from tff_dp import sampling
+from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
 from run_helpers import metrics_rows
 from run_helpers import script
@@ -45,11 +45,12 @@ def task(data_dir):
 
 
 def _config(root, name, **overrides):
-  cfg = dict(root_output_dir=str(root), experiment_name=name, total_rounds=4,
-             clients_per_round=5, dp='fixed', clip=1.0, noise_multiplier=0.8,
-             max_eval_examples=50, accounting=('rdp',), seed=3, delta=1e-3)
+  cfg = dict(root_output_dir=str(root), experiment_name=name, task='stackoverflow_tag',
+             total_rounds=4, clients_per_round=5, dp='fixed', clip=1.0, noise_multiplier=0.8,
+             max_eval_examples=50, accounting=('rdp',), seed=3, delta=1e-3,
+             client_batch_size=8)
   cfg.update(overrides)
-  return experiment.ExperimentConfig(**cfg)
+  return config_lib.ExperimentConfig.from_settings(cfg)
 
 
 def _run(task, root, name, log=None, **overrides):
@@ -198,9 +199,11 @@ def test_resume_refuses_changed_mechanism_and_records_allowed_changes(task, tmp_
                         (dict(clip=5.0), 'clip was 1.0, now 5.0'),
                         (dict(clients_per_round=10), 'clients_per_round was 5, now 10'),
                         (dict(dp='adaptive'), "dp was 'fixed', now 'adaptive'"),
-                        (dict(task_settings={'task': 'emnist'}), 'task_settings.task')]:
+                        (dict(task='emnist'), "task was 'stackoverflow_tag', now 'emnist'"),
+                        (dict(client_batch_size=4), 'client_batch_size was 8, now 4')]:
     with pytest.raises(errors.UserInputError) as e:
-      _run(task, tmp_path, 'exp', total_rounds=3, resume=True, **change)
+      experiment.run(_config(tmp_path, 'exp', total_rounds=3, resume=True, **change), task,
+                     log=lambda line: None)
     assert named in str(e.value)
     after = {p: open(tmp_path / 'exp' / p, 'rb').read() for p in _tree(tmp_path / 'exp')
              if p != '.lock'}
@@ -230,12 +233,7 @@ def test_bad_flags_exit_2_before_anything_is_written(args, flag, tmp_path, capsy
   root = tmp_path / 'runs'
   argv = ['run_experiment.py', '--dp=fixed', '--clip=1', '--noise_multiplier=1',
           f'--root_output_dir={root}', '--experiment_name=exp', '--data_dir=/nonexistent'] + args
-  flags.FLAGS.unparse_flags()
-  flags.FLAGS(argv)
-  try:
-    code = run_experiment.main(['run_experiment.py'])
-  finally:
-    flags.FLAGS.unparse_flags()
+  code = run_experiment.main(argv)
   err = capsys.readouterr().err
   lines = [l for l in err.splitlines() if l.startswith('error:')]
   assert code == 2 and len(lines) == 1 and flag in lines[0], err

@@ -1,19 +1,18 @@
 """experiments/ flag files and reproduce.py: every table parses, runs at smoke scale, tabulates."""
 
-import dataclasses
 import glob
 import json
 import math
 import os
 import re
 import subprocess
-import sys
 
 import dp_accounting
 import pytest
 
 from tff_dp import ledger as ledger_lib
 from tff_dp import runtime
+from tff_dp.training import config_flags
 from run_helpers import metrics_rows
 from run_helpers import REPO
 from run_helpers import script
@@ -33,12 +32,12 @@ def _reproduce(args, timeout=1800, env=None):
                         capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope='module')
-def cli_flags():
-  sys.path.insert(0, REPO)
-  import run_experiment  # pylint: disable=g-import-not-at-top
-  yield run_experiment
-  run_experiment.flags.FLAGS.unparse_flags()
+def _arm_config(arm_file, scale, extra=()):
+  """The config run_experiment.py runs for the arm's flag files (plus `extra` flags)."""
+  argv = [f'--flagfile={arm_file}']
+  if scale == 'smoke':
+    argv.append(f'--flagfile={os.path.join(os.path.dirname(arm_file), "smoke.flags")}')
+  return config_flags.parse(argv + list(extra))
 
 
 def test_every_table_has_smoke_flags():
@@ -49,46 +48,38 @@ def test_every_table_has_smoke_flags():
 
 @pytest.mark.parametrize('scale', ['full', 'smoke'])
 @pytest.mark.parametrize('arm', ARMS, ids=lambda p: os.path.relpath(p, EXPERIMENTS))
-def test_every_arm_parses_into_a_valid_config(arm, scale, cli_flags):
-  flags = cli_flags.flags.FLAGS
-  flags.unparse_flags()
-  argv = ['prog', f'--flagfile={arm}']
-  if scale == 'smoke':
-    argv.append(f'--flagfile={os.path.join(os.path.dirname(arm), "smoke.flags")}')
-  flags(argv)
-  cfg = cli_flags._config()  # pylint: disable=protected-access
-  cfg.validate()
-  assert cfg.paper_table and cfg.paper_arm   # Every arm cites its table and row.
-  assert cfg.dp != 'none' and cfg.noise_multiplier > 0 and cfg.delta is not None
+def test_every_arm_parses_into_a_valid_config(arm, scale):
+  cfg = _arm_config(arm, scale)   # Checked when built.
+  assert cfg.paper.paper_table and cfg.paper.paper_arm   # Every arm cites its table and row.
+  assert cfg.dp.kind != 'none' and cfg.dp.noise_multiplier > 0
+  assert cfg.accounting.delta is not None
   with open(arm) as f:
     assert f.readline().startswith('# ')      # ...and the paper, in a header comment.
   if scale == 'full':
-    assert cfg.total_rounds >= 200 and cfg.clients_per_round >= 20
+    assert cfg.training.total_rounds >= 200 and cfg.sampling.clients_per_round >= 20
   else:
-    assert cfg.total_rounds <= 6 and cfg.clients_per_round <= 10
+    assert cfg.training.total_rounds <= 6 and cfg.sampling.clients_per_round <= 10
   if 'recycling' in arm:
-    assert cfg.paper_results['epsilon'] == 8.2 and 0.2 < cfg.paper_results['accuracy'] < 0.25
-    assert cfg.ema_beta and cfg.past_k
+    paper = cfg.paper.paper_results
+    assert paper['epsilon'] == 8.2 and 0.2 < paper['accuracy'] < 0.25
+    assert cfg.checkpoint_aggregation.ema_beta and cfg.checkpoint_aggregation.past_k
   if 'adadps' in arm:
-    assert cfg.max_train_clients == (400 if scale == 'full' else 40)
-    assert (cfg.precondition == 'client') == arm.endswith('adadps.flags')
+    assert cfg.task.max_train_clients == (400 if scale == 'full' else 40)
+    assert (cfg.adadps.precondition == 'client') == arm.endswith('adadps.flags')
 
 
-def test_recycling_noise_is_calibrated_to_the_papers_epsilon(cli_flags):
+def test_recycling_noise_is_calibrated_to_the_papers_epsilon():
   """The full-scale z in the flag file gives epsilon 8.2 (the paper's) under our accounting."""
-  flags = cli_flags.flags.FLAGS
-  flags.unparse_flags()
-  flags(['prog', f'--flagfile={os.path.join(EXPERIMENTS, _RECYCLING, "last_iterate.flags")}'])
-  cfg = cli_flags._config()  # pylint: disable=protected-access
-  q = cfg.clients_per_round / 342477
-  sigma_b = cfg.clipped_count_stddev
+  cfg = _arm_config(os.path.join(EXPERIMENTS, _RECYCLING, 'last_iterate.flags'), 'full')
+  q = cfg.sampling.clients_per_round / 342477
+  sigma_b = cfg.dp.clipped_count_stddev
   # Eq. (1) of the ledger paper: update-query z_u from z and sigma_b (clip of the count: 1/2).
-  z_u = (cfg.noise_multiplier**-2 - (2 * sigma_b)**-2)**-0.5
+  z_u = (cfg.dp.noise_multiplier**-2 - (2 * sigma_b)**-2)**-0.5
   event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.ComposedDpEvent(
       [dp_accounting.GaussianDpEvent(z_u), dp_accounting.GaussianDpEvent(2 * sigma_b)]))
   acc = dp_accounting.rdp.RdpAccountant()
-  acc.compose(event, cfg.total_rounds)
-  assert acc.get_epsilon(cfg.delta) == pytest.approx(8.2, abs=0.02)
+  acc.compose(event, cfg.training.total_rounds)
+  assert acc.get_epsilon(cfg.accounting.delta) == pytest.approx(8.2, abs=0.02)
 
 
 def test_dry_run_and_bad_input(tmp_path):
@@ -106,9 +97,15 @@ def test_dry_run_and_bad_input(tmp_path):
                         ([], '--table is required'),
                         (['--table=andrew2021_emnist', '--scale=full',
                           '--data_dir=/nonexistent/tff'], 'load_data'),
-                        (['--table=andrew2021_emnist', '--arms=nope'], 'unknown --arms')]:
+                        (['--table=andrew2021_emnist', '--arms=nope'], 'unknown --arms'),
+                        (['--bogus_flag'], "error: Unknown command line flag 'bogus_flag'"),
+                        # Every arm's config is checked before the first arm runs.
+                        (['--table=andrew2021_emnist', '--extra_flags=--clip=-1'],
+                         '--clip must be positive, got -1.0')]:
     bad = _reproduce(args + [f'--root_output_dir={tmp_path}'])
     assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr)
+    assert bad.stderr.count('error:') == 1 and not _planned(bad.stdout), bad.stderr
+  assert os.listdir(tmp_path) == []   # Nothing of the refused commands was written.
 
 
 def _table_rows(path):
@@ -180,24 +177,18 @@ def test_every_table_reproduces_at_smoke_scale(tmp_path):
   assert tagged_workers(tag) == set()
 
 
-def _finished_run(cli_flags, runs_dir, arm_file, name, extra=(), scale='smoke'):
+def _finished_run(runs_dir, arm_file, name, extra=(), scale='smoke', data_dir=None):
   """A finished run of `arm_file` in RUNS_DIR/NAME, without training: the config.json
-  run_experiment.py writes for that command line (its own flag parsing, the library's
-  RunDirectory) and summary.json, which marks a run finished."""
+  run_experiment.py writes for the command line reproduce.py gives it (its flag parsing, the
+  library's RunDirectory) and summary.json, which marks a run finished."""
   from tff_dp.training import run_dir as run_dir_lib  # pylint: disable=g-import-not-at-top
-  flags = cli_flags.flags.FLAGS
-  flags.unparse_flags()
-  argv = ['prog', f'--flagfile={arm_file}']
-  if scale == 'smoke':
-    argv.append(f'--flagfile={os.path.join(os.path.dirname(arm_file), "smoke.flags")}')
-  flags(argv + [f'--root_output_dir={runs_dir}', f'--experiment_name={name}'] + list(extra))
-  cfg = cli_flags._config()  # pylint: disable=protected-access
+  data = [] if scale == 'smoke' else [f'--data_dir={data_dir}']
+  cfg = _arm_config(arm_file, scale, data + [f'--root_output_dir={runs_dir}',
+                                             f'--experiment_name={name}'] + list(extra))
   run = run_dir_lib.RunDirectory(str(runs_dir), name, resume=False)
   run.create()
-  run.write_config(dict(dataclasses.asdict(cfg), delta_used=cfg.delta, population_size=40,
-                        task=flags.task))
-  run.write_json('summary.json', {'rounds_completed': cfg.total_rounds})
-  flags.unparse_flags()
+  run.write_config(dict(cfg.settings(), delta_used=cfg.accounting.delta, population_size=40))
+  run.write_json('summary.json', {'rounds_completed': cfg.training.total_rounds})
   return run.path
 
 
@@ -212,14 +203,14 @@ def _planned(stdout):
 
 
 @pytest.mark.parametrize('scale', ['smoke', 'full'])
-def test_extra_flags_runs_are_new_runs_beside_the_finished_ones(tmp_path, cli_flags, scale):
+def test_extra_flags_runs_are_new_runs_beside_the_finished_ones(tmp_path, scale):
   """After a seed-0 run of every arm, --extra_flags=--seed=1 runs every arm again in new
   directories (not 'complete, skipped'); --seed=2 in yet others; a finished --seed=1 run is
   then reused. Every arm's own finished run is recognised as matching its flag files."""
   runs = {p: tmp_path / f'{p.split(os.sep)[-2]}-{scale}' / 'runs' for p in ARMS}
   arm_of = {p: os.path.basename(p)[:-len('.flags')] for p in ARMS}
   for arm_file in ARMS:
-    _finished_run(cli_flags, runs[arm_file], arm_file, arm_of[arm_file], scale=scale)
+    _finished_run(runs[arm_file], arm_file, arm_of[arm_file], scale=scale, data_dir=tmp_path)
   base = ['--table=all', f'--scale={scale}', '--dry_run', f'--root_output_dir={tmp_path}',
           f'--data_dir={tmp_path}']
   # The seed-0 runs match their flag files (config.json as run_experiment.py writes it).
@@ -252,20 +243,20 @@ def test_extra_flags_runs_are_new_runs_beside_the_finished_ones(tmp_path, cli_fl
 
   # A finished --seed=1 run in its directory is reused by the same command.
   for arm_file in ARMS:
-    _finished_run(cli_flags, runs[arm_file], arm_file, name_of[arm_file], extra=['--seed=1'],
-                  scale=scale)
+    _finished_run(runs[arm_file], arm_file, name_of[arm_file], extra=['--seed=1'],
+                  scale=scale, data_dir=tmp_path)
   reused = _reproduce(base + ['--extra_flags=--seed=1'])
   assert reused.returncode == 0 and not _planned(reused.stdout), reused.stderr
   assert reused.stdout.count('complete, skipped') == len(ARMS)
 
 
-def test_a_run_made_with_other_settings_is_not_reused(tmp_path, cli_flags):
+def test_a_run_made_with_other_settings_is_not_reused(tmp_path):
   """A finished (or interrupted) arm whose config.json disagrees with the flags the arm would
   run with now is refused with one error line and exit 2, before any arm of any table runs."""
   table = 'li2022_adadps_stackoverflow_tag'
   runs = tmp_path / f'{table}-smoke' / 'runs'
   arm_file = os.path.join(EXPERIMENTS, table, 'dp_fedavg.flags')
-  run = _finished_run(cli_flags, runs, arm_file, 'dp_fedavg', extra=['--total_rounds=5'])
+  run = _finished_run(runs, arm_file, 'dp_fedavg', extra=['--total_rounds=5'])
   smoke_rounds = [l for l in open(os.path.join(EXPERIMENTS, table, 'smoke.flags'))
                   if l.startswith('--total_rounds=')][-1].strip()
   assert smoke_rounds != '--total_rounds=5'

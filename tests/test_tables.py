@@ -119,17 +119,16 @@ def test_cli_writes_table_and_rejects_bad_input(tmp_path, capsys):
 def _write_library_run(root, name, *, seed, accuracies, clip=1.0, arm='fixed clip'):
   """A finished run written by the library's own writers (RunDirectory, PrivacyLedger), with
   the config.json run_experiment.py writes: evaluated every round, `accuracies` in order."""
-  from tff_dp.training import experiment  # pylint: disable=g-import-not-at-top
+  from tff_dp.training import config as config_lib  # pylint: disable=g-import-not-at-top
   from tff_dp.training import run_dir as run_dir_lib  # pylint: disable=g-import-not-at-top
   rounds = len(accuracies)
-  cfg = experiment.ExperimentConfig(
+  cfg = config_lib.ExperimentConfig.from_settings(
       root_output_dir=str(root), experiment_name=name, seed=seed, total_rounds=rounds,
       clients_per_round=10, dp='fixed', clip=clip, noise_multiplier=_Z, delta=1e-5,
       paper_table='Seeds table', paper_arm=arm)
   run = run_dir_lib.RunDirectory(str(root), name, resume=False)
   run.create()
-  run.write_config(dict(dataclasses.asdict(cfg), delta_used=1e-5, population_size=1000,
-                        task='emnist'))
+  run.write_config(dict(cfg.settings(), delta_used=1e-5, population_size=1000))
   with ledger_lib.PrivacyLedger(run.file('ledger.jsonl')) as led:
     for r, acc in enumerate(accuracies, 1):
       led.append(ledger_lib.RoundRecord(

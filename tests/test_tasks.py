@@ -193,6 +193,28 @@ def test_check_sqlite_file_accepts_generated(tmp_path):
   data_files.check_sqlite_file(path, ('all_train', 'all_test'))
 
 
+def test_registry_options_are_builder_keywords_and_config_settings():
+  """Each task's options (tasks.TASKS) are keywords of its builder and fields of TaskConfig."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import importlib  # pylint: disable=g-import-not-at-top
+  import inspect  # pylint: disable=g-import-not-at-top
+  from tff_dp.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  fields = {f.name for f in dataclasses.fields(config_lib.TaskConfig)}
+  for name, spec in tasks.TASKS.items():
+    builder = getattr(importlib.import_module(f'tasks.{spec.module}'), spec.builder)
+    assert set(spec.options) <= set(inspect.signature(builder).parameters), name
+    assert set(spec.options.values()) <= fields, name
+
+
+def test_load_builds_from_the_data_dir_or_the_embedded_dataset(cache, tmp_path):
+  built = tasks.load('emnist', cache, client_batch_size=5, only_digits=True)
+  assert built.name == 'emnist' and len(built.train_data.client_ids) > 0
+  # No data_dir: the embedded dataset (100 EMNIST writers) is generated where asked, once.
+  embedded = tasks.load('emnist', embedded_data_dir=str(tmp_path / 'e'))
+  assert len(embedded.train_data.client_ids) == 100
+  assert os.path.exists(tmp_path / 'e' / 'emnist_all.sqlite')
+
+
 def test_unknown_task_option_is_user_error(cache):
   with pytest.raises(UserInputError, match='no option'):
     tasks.build_task('emnist', cache, vocab_size=10)

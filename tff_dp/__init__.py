@@ -1,5 +1,8 @@
 """tff_dp: user-level differentially private federated learning on TensorFlow Federated.
 
+`tff_dp.run(tff_dp.ExperimentConfig(...))` runs a whole experiment (README, "Python API").
+Both are imported on first use, so `import tff_dp` stays cheap (no TensorFlow until `run`).
+
 Importing the package installs the worker-shutdown hook (see `tff_dp.runtime`), so any program
 that uses our aggregators or processes leaves no TFF `worker_binary` behind.
 """
@@ -9,3 +12,15 @@ from tff_dp import runtime as _runtime
 _runtime.install_shutdown_hooks()
 
 __version__ = '0.1.0'
+__all__ = ['ExperimentConfig', 'run']
+
+
+def __getattr__(name):
+  # pylint: disable=g-import-not-at-top  (start-up time: `run` imports TensorFlow)
+  if name == 'run':
+    from tff_dp.training.api import run
+    return run
+  if name == 'ExperimentConfig':
+    from tff_dp.training.config import ExperimentConfig
+    return ExperimentConfig
+  raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -20,10 +20,11 @@ Errors name parameters (`clipped_count_stddev`), never command-line flags.
 import math
 from typing import Optional, Sequence
 
+from tff_dp import choices
 from tff_dp.errors import UserInputError
 
 # How a budget is split over groups of tensors; `group_noise_multipliers` implements each.
-NOISE_ALLOCATIONS = ('proportional', 'dimensionality')
+NOISE_ALLOCATIONS = tuple(choices.NOISE_ALLOCATIONS)
 
 
 def default_clipped_count_stddev(clients_per_round: float) -> float:

@@ -28,6 +28,7 @@ from typing import Hashable, List, Optional, Sequence
 
 import numpy as np
 
+from tff_dp import choices
 from tff_dp import errors
 from tff_dp import ledger
 
@@ -165,3 +166,22 @@ class FixedSizeSampler(_Sampler):
   def sampling_event(self) -> ledger.SamplingEvent:
     return ledger.SamplingEvent(kind='fixed_size', population_size=len(self.client_ids),
                                 sample_size=self.sample_size)
+
+
+# `client_sampling` -> the sampler of `clients_per_round` clients (its expected number for
+# Poisson) from a population (`build_sampler`).
+_SAMPLERS = {
+    'poisson': lambda ids, m, seed: PoissonSampler(ids, m / len(ids), seed=seed),
+    'fixed_size': lambda ids, m, seed: FixedSizeSampler(ids, m, seed=seed),
+}
+choices.check_implemented(choices.CLIENT_SAMPLERS, _SAMPLERS, 'tff_dp.sampling')
+
+
+def build_sampler(kind: str, client_ids: Sequence[Hashable], clients_per_round: int,
+                  seed: Optional[int] = None) -> _Sampler:
+  """The `kind` sampler (a `choices.CLIENT_SAMPLERS` name) of `clients_per_round` clients."""
+  if kind not in _SAMPLERS:
+    raise errors.UserInputError(f'`client_sampling` must be one of '
+                                f'{choices.one_of(_SAMPLERS)}, got {kind!r}')
+  ids = _check_population(client_ids)
+  return _SAMPLERS[kind](ids, clients_per_round, seed)

@@ -18,6 +18,7 @@ from absl import flags
 
 from tff_dp import cli_flags
 from tff_dp import errors
+from tff_dp import ledger
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_string('ledger', None, 'Path of a ledger.jsonl to replay (curve mode).',
@@ -44,7 +45,7 @@ flags.DEFINE_float('clipped_count_stddev', None,
                    'Calibration mode, adaptive clipping: stddev sigma_b of the clipped-count '
                    'sum (TFF default 0.05 * clients_per_round). Omit for fixed clipping.',
                    flag_values=FLAGS)
-flags.DEFINE_enum('sampling', 'poisson', ['poisson', 'fixed_size'],
+flags.DEFINE_enum('sampling', 'poisson', list(ledger.SAMPLING_KINDS),
                   'Calibration mode: client sampling scheme.', flag_values=FLAGS)
 
 
@@ -53,7 +54,6 @@ def _fmt(x):
 
 
 def _curve() -> None:
-  from tff_dp import ledger  # pylint: disable=g-import-not-at-top
   from tff_dp.accounting import accountant  # pylint: disable=g-import-not-at-top
   methods = ('rdp', 'pld') if FLAGS.method == 'both' else (FLAGS.method,)
   records = ledger.read_ledger(cli_flags.path(FLAGS.ledger))

@@ -60,6 +60,7 @@ import dp_accounting
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant
 
+from tff_dp import choices
 from tff_dp import errors
 from tff_dp import ledger
 from tff_dp import noise_budget
@@ -70,7 +71,7 @@ NEIGHBORING_RELATIONS = {
     'add_remove': NeighboringRelation.ADD_OR_REMOVE_ONE,
     'replace_one': NeighboringRelation.REPLACE_ONE,
 }
-METHODS = ('rdp', 'pld')
+METHODS = tuple(choices.ACCOUNTANTS)
 # PLD composes queued events whose z_eff agree to this many significant digits as one group.
 PLD_GROUP_DIGITS = 6
 # Per-round RDP vectors kept for reuse (least recently used dropped first): ledgers whose z

@@ -13,13 +13,14 @@ from typing import Sequence
 
 import numpy as np
 
+from tff_dp import choices
 from tff_dp.adadps import side_information as si
 from tff_dp.errors import UserInputError
 
 Scales = list  # list[np.ndarray], one per trainable weight, broadcastable to it
 
 # `auto` picks the formula that matches the side information kind.
-PRECONDITIONERS = ('auto', 'frequency', 'second_moment', 'rank', 'direct')
+PRECONDITIONERS = tuple(choices.PRECONDITIONERS)
 _AUTO = {si.FREQUENCY: 'frequency', si.SECOND_MOMENT: 'second_moment', si.SCALES: 'direct'}
 
 # Guards max(freq)/freq against freq == 0 (never-seen tokens then get `cap`), as in the reference.

@@ -5,6 +5,7 @@ Every factory reports `privacy_queries` (docs/ARCHITECTURE.md, Contract 1) in it
 
 from typing import Optional
 
+from tff_dp import choices
 from tff_dp import noise_budget
 from tff_dp import runtime
 from tff_dp.aggregators.adaptive import AdaptiveClipGaussianFactory
@@ -16,10 +17,38 @@ from tff_dp.aggregators.privacy_queries import MEASUREMENT_KEY
 from tff_dp.aggregators.privacy_queries import find_privacy_queries
 from tff_dp.errors import UserInputError
 
-DP_KINDS = ('fixed', 'adaptive', 'per_layer_adaptive', 'joint')
-
 # A program using our aggregators leaves no TFF worker behind, even when it is SIGKILLed.
 runtime.bind_workers_to_this_process()
+
+
+def _fixed(clip, noise, adaptive, noise_allocation, extra):
+  del adaptive, noise_allocation, extra   # Checked by build_dp_aggregator: none for fixed.
+  return FixedClipGaussianFactory(clip=clip, **noise)
+
+
+def _adaptive(clip, noise, adaptive, noise_allocation, extra):
+  del noise_allocation, extra
+  return AdaptiveClipGaussianFactory(initial_clip=clip, **noise, **adaptive)
+
+
+def _per_layer_adaptive(clip, noise, adaptive, noise_allocation, extra):
+  return PerLayerAdaptiveClipFactory(initial_clip=clip, noise_allocation=noise_allocation,
+                                     **noise, **adaptive, **extra)
+
+
+def _joint(clip, noise, adaptive, noise_allocation, extra):
+  return JointClipFactory(initial_scale=clip, noise_allocation=noise_allocation, **noise,
+                          **adaptive, **extra)
+
+
+# DP kind -> factory builder (`clip` is the initial clip, or the initial scale alpha for joint).
+_FACTORIES = {'fixed': _fixed, 'adaptive': _adaptive, 'per_layer_adaptive': _per_layer_adaptive,
+              'joint': _joint}
+# Kinds that take extra keyword arguments (`groups`, ...); the others take none.
+_TAKE_EXTRA_ARGUMENTS = ('per_layer_adaptive', 'joint')
+choices.check_implemented([k for k in choices.DP_KINDS if k != 'none'], _FACTORIES,
+                          'tff_dp.aggregators DP kinds')
+DP_KINDS = tuple(_FACTORIES)
 
 
 def build_dp_aggregator(kind: str, *, noise_multiplier: float, clients_per_round: float,
@@ -36,20 +65,12 @@ def build_dp_aggregator(kind: str, *, noise_multiplier: float, clients_per_round
     raise UserInputError(f'unknown DP aggregation kind {kind!r}; choose one of '
                          f'{", ".join(DP_KINDS)}')
   noise_budget.check_noise_allocation(noise_allocation)
-  if kind in ('fixed', 'adaptive') and kwargs:
+  if kind not in _TAKE_EXTRA_ARGUMENTS and kwargs:
     raise UserInputError(f'DP aggregation kind {kind!r} does not take '
-                         f'{", ".join(sorted(kwargs))} (only per_layer_adaptive / joint do)')
-  if kind == 'fixed':
-    return FixedClipGaussianFactory(clip=clip, noise_multiplier=noise_multiplier,
-                                    clients_per_round=clients_per_round)
-  adaptive = dict(noise_multiplier=noise_multiplier, clients_per_round=clients_per_round,
-                  target_unclipped_quantile=target_unclipped_quantile,
+                         f'{", ".join(sorted(kwargs))} (only '
+                         f'{" / ".join(_TAKE_EXTRA_ARGUMENTS)} do)')
+  noise = dict(noise_multiplier=noise_multiplier, clients_per_round=clients_per_round)
+  adaptive = dict(target_unclipped_quantile=target_unclipped_quantile,
                   clip_learning_rate=clip_learning_rate, update_rule=update_rule,
                   clipped_count_stddev=clipped_count_stddev)
-  if kind == 'adaptive':
-    return AdaptiveClipGaussianFactory(initial_clip=clip, **adaptive)
-  if kind == 'per_layer_adaptive':
-    return PerLayerAdaptiveClipFactory(initial_clip=clip, noise_allocation=noise_allocation,
-                                       **adaptive, **kwargs)
-  return JointClipFactory(initial_scale=clip, noise_allocation=noise_allocation, **adaptive,
-                          **kwargs)
+  return _FACTORIES[kind](clip, noise, adaptive, noise_allocation, kwargs)

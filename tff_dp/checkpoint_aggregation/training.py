@@ -11,10 +11,11 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
+from tff_dp import choices
 from tff_dp.checkpoint_aggregation import aggregates as aggregates_lib
 from tff_dp.errors import UserInputError
 
-KINDS = ('none', 'ema', 'past_k')
+KINDS = tuple(choices.TRAIN_ON_AGGREGATE)
 
 Aggregate = Union[aggregates_lib.EMAAggregate, aggregates_lib.PastKAverage]
 

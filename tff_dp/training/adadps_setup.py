@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 import numpy as np
 import tensorflow_federated as tff
 
+from tff_dp import choices
 from tff_dp.adadps import optimizer as optimizer_lib
 from tff_dp.adadps import preconditioner as precond_lib
 from tff_dp.adadps import side_information as si
@@ -15,7 +16,7 @@ from tff_dp.aggregators import preconditioned
 from tff_dp.errors import UserInputError
 from tff_dp.training import optimizers
 
-SIDE_INFO_CHOICES = ('word_freq', 'tag_freq', 'public_clients', 'file:PATH')
+SIDE_INFO_CHOICES = tuple(choices.SIDE_INFO)
 
 
 def side_info_for_task(task, side_info: str, *, public_client_ids: Sequence[str] = (),

@@ -1,7 +1,8 @@
 """Builds every component of a DP-FedAvg experiment from an `ExperimentConfig` and runs it.
 
-The task is passed in (duck-typed, Contract 3 in docs/ARCHITECTURE.md), so this library module
-does not depend on the `tasks` package. Validation happens before the run directory is touched.
+The task is passed in (duck-typed, Contract 3 in docs/ARCHITECTURE.md), so this module does not
+depend on the `tasks` package (`tff_dp.run(config)`, in `api.py`, builds it from the config).
+Validation happens before the run directory is touched.
 """
 
 import contextlib
@@ -9,6 +10,7 @@ import dataclasses
 import json
 import math
 import os
+import types
 from typing import Any, Optional
 
 import tensorflow as tf
@@ -17,6 +19,7 @@ import tensorflow_federated as tff
 from tff_dp import accounting
 from tff_dp import aggregators
 from tff_dp import checkpoint_aggregation as ca
+from tff_dp import choices
 from tff_dp import ledger as ledger_lib
 from tff_dp import sampling
 from tff_dp.aggregators import non_finite
@@ -25,291 +28,70 @@ from tff_dp.errors import UserInputError
 from tff_dp.training import adadps_setup
 from tff_dp.training import client_data
 from tff_dp.training import components
+from tff_dp.training import config as config_lib
 from tff_dp.training import evaluation
 from tff_dp.training import fed_avg
 from tff_dp.training import loop
 from tff_dp.training import optimizers
 from tff_dp.training import run_dir as run_dir_lib
 from tff_dp.training import stop_signal
+from tff_dp.training.config import ExperimentConfig
 
-DP_KINDS = ('none', 'fixed', 'adaptive', 'per_layer_adaptive', 'joint')
-# `--loop_implementation` -> TFF's client training loop. dataset_iterator: a Python `for` over
+# `loop_implementation` -> TFF's client training loop. dataset_iterator: a Python `for` over
 # the dataset inside the client's tf.function; dataset_reduce (TFF's default): one
 # DatasetReduce op. They run the same steps in the same order (same model, to float rounding).
 LOOP_IMPLEMENTATIONS = {
     'dataset_iterator': tff.learning.LoopImplementation.DATASET_ITERATOR,
     'dataset_reduce': tff.learning.LoopImplementation.DATASET_REDUCE,
 }
+choices.check_implemented(choices.LOOP_IMPLEMENTATIONS, LOOP_IMPLEMENTATIONS,
+                          'tff_dp.training.experiment loop implementations')
 
-
-@dataclasses.dataclass
-class ExperimentConfig:
-  """All knobs of a run (the CLI maps its flags 1:1 onto these fields)."""
-  root_output_dir: str
-  experiment_name: str
-  resume: bool = False
-  seed: int = 0                             # Model init, client data order, eval subset.
-  # None: each round's sample is drawn from OS randomness (secret); an int makes the samples
-  # reproducible from it, and the privacy statement says they are known to its holders.
-  sampling_seed: Optional[int] = None
-  # Keep every non-private diagnostic out of the console, metrics, TensorBoard and plots.
-  private_release: bool = False
-  # Task and data settings (name, data_dir, batch size, ...): recorded and compared on resume.
-  task_settings: dict = dataclasses.field(default_factory=dict)
-  # Execution settings (workers, concurrency): recorded; they may change on resume.
-  runtime_settings: dict = dataclasses.field(default_factory=dict)
-  # Rounds and clients.
-  total_rounds: int = 20
-  clients_per_round: int = 10
-  max_train_clients: Optional[int] = None   # Only the first N training clients (a subset).
-  client_sampling: str = 'poisson'          # poisson | fixed_size
-  weighting: str = 'uniform'                # uniform | num_examples (non-DP only)
-  rounds_per_eval: int = 1
-  rounds_per_checkpoint: int = 10
-  max_eval_examples: int = 2000
-  client_cache_size: int = 1000             # Preprocessed client datasets kept in memory.
-  prefetch_clients: bool = True             # Build the next round's datasets during a round.
-  # Replace the local TFF worker by a fresh process every N rounds (0: never), which bounds its
-  # memory over long runs (`tff_dp.runtime.restart_local_worker`). Same results.
-  worker_restart_rounds: int = 100
-  # How TFF expresses a client's pass over its batches (`LOOP_IMPLEMENTATIONS`): the same SGD
-  # steps either way; the iterator loop measured 1.2-1.5x faster than TFF's default
-  # DatasetReduce on CPU (benchmarks/bench_limit.py: tff vs tff_iterator).
-  loop_implementation: str = 'dataset_iterator'
-  # Build each sampled client's training dataset on the TFF workers from its id (the task's
-  # `train_dataset_computation` composed into the learning process with
-  # `tff.simulation.compose_dataset_computation_with_learning_process`): a round sends client
-  # ids instead of serialized dataset graphs. Every worker must see the task's data files at the
-  # same path as the coordinator. Same elements, same rejections, same results.
-  datasets_on_workers: bool = False
-  # Optimizers.
-  client_optimizer: str = 'sgd'
-  client_learning_rate: float = 0.1
-  server_optimizer: str = 'sgd'
-  server_learning_rate: float = 1.0
-  server_momentum: float = 0.9
-  # Differential privacy.
-  dp: str = 'adaptive'
-  clip: Optional[float] = None
-  noise_multiplier: Optional[float] = None
-  target_unclipped_quantile: float = 0.5
-  clip_learning_rate: float = 0.2
-  clip_update_rule: str = 'geometric'
-  clipped_count_stddev: Optional[float] = None
-  noise_allocation: str = 'proportional'
-  delta: Optional[float] = None
-  max_epsilon: Optional[float] = None
-  accounting: tuple = ('rdp', 'pld')
-  pld_every: int = 10
-  # AdaDPS.
-  precondition: str = 'none'                # none | client | server
-  side_info: str = 'word_freq'              # word_freq | public_clients | file:PATH
-  precondition_cap: float = 1000.0
-  precondition_division: float = 1.0
-  precondition_eps: float = 1e-8
-  preconditioner: str = 'auto'              # auto | frequency | rank | second_moment | direct
-  precondition_num_frequent: int = 100      # rank: the most frequent tokens keep scale 1 ...
-  precondition_rare_scale: float = 200.0    # ... and all others get this scale.
-  num_public_clients: int = 10
-  # Checkpoint aggregation.
-  ema_beta: Optional[float] = None
-  past_k: int = 0
-  train_on_aggregate: str = 'none'
-  aggregate_start_round: int = 0
-  uncertainty_last_k: int = 0
-  # What this run reproduces (recorded in config.json for `python -m tff_dp.tables`).
-  paper_table: str = ''                     # e.g. 'Andrew et al. 2021, Table 2 (EMNIST)'
-  paper_arm: str = ''                       # e.g. 'adaptive, z=0.1'
-  paper_results: dict = dataclasses.field(default_factory=dict)  # e.g. {'accuracy': 0.83}
-  paper_note: str = ''                      # Free text shown under the table.
-
-  def validate(self) -> None:
-    """Raises UserInputError naming the first bad setting (before anything touches disk)."""
-    def need(cond, msg):
-      if not cond:
-        raise UserInputError(msg)
-    for name in _FLOAT_FIELDS:
-      value = getattr(self, name)
-      need(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
-                             and math.isfinite(value)),
-           f'`{name}` must be a finite number, got {value!r}')
-    need(bool(self.experiment_name) and os.sep not in self.experiment_name
-         and self.experiment_name not in ('.', '..'),
-         f'`experiment_name` must be a plain non-empty name, got {self.experiment_name!r}')
-    need(self.total_rounds >= 1, f'`total_rounds` must be >= 1, got {self.total_rounds}')
-    need(self.worker_restart_rounds >= 0,
-         f'`worker_restart_rounds` must be >= 0, got {self.worker_restart_rounds}')
-    need(0 <= self.seed < 2**32, f'`seed` must be in [0, 2^32), got {self.seed}')
-    need(self.sampling_seed is None or 0 <= self.sampling_seed < 2**63,
-         f'`sampling_seed` must be in [0, 2^63) when set, got {self.sampling_seed}')
-    need(self.clients_per_round >= 1,
-         f'`clients_per_round` must be a positive integer, got {self.clients_per_round}')
-    need(self.rounds_per_eval >= 1, f'`rounds_per_eval` must be >= 1, got {self.rounds_per_eval}')
-    need(self.max_train_clients is None or self.max_train_clients >= 1,
-         f'`max_train_clients` must be >= 1 when set, got {self.max_train_clients}')
-    need(self.client_cache_size >= 0,
-         f'`client_cache_size` must be >= 0, got {self.client_cache_size}')
-    need(self.rounds_per_checkpoint >= 1,
-         f'`rounds_per_checkpoint` must be >= 1, got {self.rounds_per_checkpoint}')
-    need(self.max_eval_examples >= 0,
-         f'`max_eval_examples` must be >= 0 (0: all), got {self.max_eval_examples}')
-    need(self.loop_implementation in LOOP_IMPLEMENTATIONS,
-         f'`loop_implementation` must be one of {", ".join(LOOP_IMPLEMENTATIONS)}, got '
-         f'{self.loop_implementation!r}')
-    need(isinstance(self.datasets_on_workers, bool),
-         f'`datasets_on_workers` must be true or false, got {self.datasets_on_workers!r}')
-    need(self.client_sampling in ('poisson', 'fixed_size'),
-         f'`client_sampling` must be poisson or fixed_size, got {self.client_sampling!r}')
-    need(self.client_optimizer in optimizers.OPTIMIZER_NAMES,
-         f'`client_optimizer` must be one of {", ".join(optimizers.OPTIMIZER_NAMES)}, got '
-         f'{self.client_optimizer!r}')
-    need(self.server_optimizer in optimizers.OPTIMIZER_NAMES,
-         f'`server_optimizer` must be one of {", ".join(optimizers.OPTIMIZER_NAMES)}, got '
-         f'{self.server_optimizer!r}')
-    need(self.client_learning_rate > 0,
-         f'`client_learning_rate` must be positive, got {self.client_learning_rate}')
-    need(self.server_learning_rate > 0,
-         f'`server_learning_rate` must be positive, got {self.server_learning_rate}')
-    need(0 <= self.server_momentum < 1,
-         f'`server_momentum` must be in [0, 1), got {self.server_momentum}')
-    need(self.dp in DP_KINDS, f'`dp` must be one of {", ".join(DP_KINDS)}, got {self.dp!r}')
-    accounting = tuple(self.accounting)
-    need(bool(accounting) and all(m in ('rdp', 'pld') for m in accounting)
-         and len(set(accounting)) == len(accounting),
-         f'`accounting` must be a non-empty list of rdp, pld, got {",".join(accounting)!r}')
-    need(self.pld_every >= 1, f'`pld_every` must be >= 1, got {self.pld_every}')
-    need(0 < self.target_unclipped_quantile < 1,
-         f'`target_unclipped_quantile` must be in (0, 1), got {self.target_unclipped_quantile}')
-    need(self.clip_learning_rate > 0,
-         f'`clip_learning_rate` must be positive, got {self.clip_learning_rate}')
-    need(self.clip_update_rule in ('geometric', 'linear'),
-         f'`clip_update_rule` must be geometric or linear, got {self.clip_update_rule!r}')
-    need(self.clipped_count_stddev is None or self.clipped_count_stddev >= 0,
-         f'`clipped_count_stddev` must be >= 0 when set, got {self.clipped_count_stddev}')
-    need(self.noise_allocation in ('proportional', 'dimensionality'),
-         f'`noise_allocation` must be proportional or dimensionality, got '
-         f'{self.noise_allocation!r}')
-    if self.dp == 'none':
-      need(self.noise_multiplier in (None, 0.0),
-           '`noise_multiplier` needs DP: set `dp=fixed|adaptive|per_layer_adaptive|joint`')
-    else:
-      need(self.weighting == 'uniform',
-           f'`dp={self.dp}` requires uniform client weighting (`weighting=uniform`): a client '
-           'weighted by its example count could exceed the clip-based sensitivity')
-      need(self.clip is not None,
-           f'`dp={self.dp}` needs `clip` (the fixed clip, or the initial clip when adaptive): '
-           'noise without a clip norm has no sensitivity to calibrate to')
-      need(self.clip > 0, f'`clip` must be positive, got {self.clip}')
-      need(self.noise_multiplier is not None and self.noise_multiplier >= 0,
-           f'`dp={self.dp}` needs `noise_multiplier` >= 0')
-    need(self.precondition in ('none', 'client', 'server'),
-         f'`precondition` must be none, client or server, got {self.precondition!r}')
-    for name in ('precondition_cap', 'precondition_division', 'precondition_eps',
-                 'precondition_rare_scale'):
-      need(getattr(self, name) > 0, f'`{name}` must be positive, got {getattr(self, name)}')
-    need(self.precondition_num_frequent >= 0,
-         f'`precondition_num_frequent` must be >= 0, got {self.precondition_num_frequent}')
-    need(self.num_public_clients >= 1,
-         f'`num_public_clients` must be >= 1, got {self.num_public_clients}')
-    need(self.ema_beta is None or 0 <= self.ema_beta < 1,
-         f'`ema_beta` must be in [0, 1) when set, got {self.ema_beta}')
-    need(self.past_k >= 0, f'`past_k` must be >= 0, got {self.past_k}')
-    need(self.aggregate_start_round >= 0,
-         f'`aggregate_start_round` must be >= 0, got {self.aggregate_start_round}')
-    need(self.uncertainty_last_k == 0 or self.uncertainty_last_k >= 2,
-         '`uncertainty_last_k` must be 0 (off) or >= 2 (a spread needs two checkpoints), got '
-         f'{self.uncertainty_last_k}')
-    need(self.train_on_aggregate in ('none', 'ema', 'past_k'),
-         f'`train_on_aggregate` must be none, ema or past_k, got {self.train_on_aggregate!r}')
-    if self.train_on_aggregate == 'ema':
-      need(self.ema_beta is not None, '`train_on_aggregate=ema` needs `ema_beta`')
-    if self.train_on_aggregate == 'past_k':
-      need(self.past_k >= 1, '`train_on_aggregate=past_k` needs `past_k` >= 1')
-    if self.max_epsilon is not None:
-      need(self.max_epsilon > 0, f'`max_epsilon` must be positive, got {self.max_epsilon}')
-      need(self.dp != 'none', '`max_epsilon` needs DP (`dp` != none)')
-    if self.delta is not None:
-      need(0 < self.delta < 1, f'`delta` must be in (0, 1), got {self.delta}')
-    for key, value in self.paper_results.items():
-      need(isinstance(value, (int, float)) and not isinstance(value, bool)
-           and math.isfinite(value),
-           f'`paper_results`: {key} must be a finite number, got {value!r}')
-
-
-_FLOAT_FIELDS = tuple(f.name for f in dataclasses.fields(ExperimentConfig)
-                      if f.type in (float, Optional[float]))
-
-# Settings a resumed run may change (cadence, stopping, reporting and execution); any other
-# change would make the resumed run a different mechanism, model or data than the one the
-# ledger and checkpoints describe, and is refused. loop_implementation is execution: it picks
-# how TFF expresses the same client SGD steps, and the state it reads and writes is the same.
-# datasets_on_workers is execution too: where the same client pipelines are built.
-RESUMABLE_CHANGES = ('total_rounds', 'max_epsilon', 'rounds_per_eval',
-                     'rounds_per_checkpoint', 'max_eval_examples', 'pld_every', 'accounting',
-                     'client_cache_size', 'prefetch_clients', 'worker_restart_rounds',
-                     'loop_implementation',
-                     'datasets_on_workers', 'runtime_settings', 'paper_table', 'paper_arm', 'paper_results',
-                     'paper_note')
+# Settings a resumed run may change (declared with the fields: `config.setting(resumable=)`).
+RESUMABLE_CHANGES = config_lib.RESUMABLE_SETTINGS
 
 
 def resume_changes(recorded: dict[str, Any], cfg: ExperimentConfig) -> dict[str, tuple]:
   """{setting: (recorded value, new value)} for every setting that differs on resume.
 
-  Raises UserInputError naming each differing setting outside `RESUMABLE_CHANGES`; nested
-  settings (task_settings) are compared key by key. Settings a run directory written by an
-  older version did not record are not compared.
+  Raises UserInputError naming each differing setting outside `RESUMABLE_CHANGES`. Settings a
+  run directory written by an older version did not record are not compared.
   """
-  new = json.loads(json.dumps(dataclasses.asdict(cfg)))   # JSON types, as recorded.
-  changes = {}
-  for name, value in new.items():
-    if name not in recorded or name == 'resume':
-      continue
-    old = recorded[name]
-    if isinstance(value, dict) and isinstance(old, dict) and name != 'paper_results':
-      for key in sorted(set(value) | set(old)):
-        if value.get(key) != old.get(key):
-          changes[f'{name}.{key}'] = (old.get(key), value.get(key))
-    elif value != old:
-      changes[name] = (old, value)
-  refused = {k: v for k, v in changes.items() if k.split('.')[0] not in RESUMABLE_CHANGES}
+  new = json.loads(json.dumps(cfg.settings()))   # JSON types, as recorded.
+  changes = {name: (recorded[name], value) for name, value in new.items()
+             if name in recorded and name != 'resume' and recorded[name] != value}
+  refused = {k: v for k, v in changes.items() if k not in RESUMABLE_CHANGES}
   if refused:
     listed = '; '.join(f'{k} was {old!r}, now {new_value!r}'
                        for k, (old, new_value) in refused.items())
     raise UserInputError(
-        f'cannot resume {os.path.join(cfg.root_output_dir, cfg.experiment_name)} with '
-        f'different settings: {listed}. A resumed run must be the same mechanism, model and '
-        f'data; only {", ".join(RESUMABLE_CHANGES)} may change (nothing was changed)')
+        f'cannot resume {os.path.join(cfg.output.root_output_dir, cfg.output.experiment_name)} '
+        f'with different settings: {listed}. A resumed run must be the same mechanism, model '
+        f'and data; only {", ".join(RESUMABLE_CHANGES)} may change (nothing was changed)')
   return changes
 
 
-def build_aggregator(cfg: ExperimentConfig):
-  """The model-update aggregation factory for `cfg.dp` (None = TFF's default mean)."""
-  if cfg.dp == 'none':
+def build_aggregator(dp: config_lib.DPConfig, clients_per_round: int):
+  """The model-update aggregation factory for `dp.kind` (None = TFF's default mean)."""
+  if dp.kind == 'none':
     return None
-  kwargs = dict(
-      noise_multiplier=float(cfg.noise_multiplier),
-      clients_per_round=float(cfg.clients_per_round),
-      clip=float(cfg.clip),
-      target_unclipped_quantile=cfg.target_unclipped_quantile,
-      clip_learning_rate=cfg.clip_learning_rate,
-      update_rule=cfg.clip_update_rule,
-      clipped_count_stddev=cfg.clipped_count_stddev,
-      noise_allocation=cfg.noise_allocation,
-  )
-  return aggregators.build_dp_aggregator(cfg.dp, **kwargs)
+  return aggregators.build_dp_aggregator(
+      dp.kind, noise_multiplier=float(dp.noise_multiplier),
+      clients_per_round=float(clients_per_round), clip=float(dp.clip),
+      target_unclipped_quantile=dp.target_unclipped_quantile,
+      clip_learning_rate=dp.clip_learning_rate, update_rule=dp.clip_update_rule,
+      clipped_count_stddev=dp.clipped_count_stddev, noise_allocation=dp.noise_allocation)
 
 
-def _sampler(cfg: ExperimentConfig, client_ids):
+def _sampler(cfg: config_lib.SamplingConfig, client_ids):
   population = len(client_ids)
   if population == 0:
     raise UserInputError('the training data has no clients')
   if cfg.clients_per_round > population:
     raise UserInputError(f'`clients_per_round={cfg.clients_per_round}` exceeds the '
                          f'{population} training clients')
-  if cfg.client_sampling == 'poisson':
-    return sampling.PoissonSampler(client_ids, cfg.clients_per_round / population,
-                                   seed=cfg.sampling_seed)
-  return sampling.FixedSizeSampler(client_ids, cfg.clients_per_round, seed=cfg.sampling_seed)
+  return sampling.build_sampler(cfg.client_sampling, client_ids, cfg.clients_per_round,
+                                seed=cfg.sampling_seed)
 
 
 def _eval_dataset(task, max_examples: int, seed: int):
@@ -341,36 +123,42 @@ def run(cfg: ExperimentConfig, task, *, log=print,
   start-up is seen too); None installs one for the duration of the run. A signal before round
   1 raises `errors.RunInterrupted` before anything is written.
 
-  Computations run in the current TFF context. The CLI installs
-  `tff_dp.runtime.configure_execution_context()`; an in-process caller should too for long
-  runs, since TFF's import-time context keeps a worker executor per client count for good (with
-  Poisson sampling, tens of MB per round: issue 13).
+  Computations run in the current TFF context. `tff_dp.run(cfg)` builds the task and installs
+  the context `cfg.runtime` describes (`tff_dp.training.api`); a caller of this function with
+  its own task should install one too for long runs
+  (`tff_dp.runtime.configure_execution_context()`), since TFF's import-time context keeps a
+  worker executor per client count for good (with Poisson sampling, tens of MB per round:
+  issue 13).
   """
   with contextlib.ExitStack() as stack:
     if stop is None:
       stop = stack.enter_context(stop_signal.StopSignal(log))
+    cfg = cfg.with_run_name()
     cfg.validate()
     stop.raise_if_received('during start-up')
-    run_dir = stack.enter_context(contextlib.closing(
-        run_dir_lib.RunDirectory(cfg.root_output_dir, cfg.experiment_name, resume=cfg.resume)))
+    run_dir = stack.enter_context(contextlib.closing(run_dir_lib.RunDirectory(
+        cfg.output.root_output_dir, cfg.output.experiment_name, resume=cfg.output.resume)))
     loop_config, parts = build_components(cfg, task, run_dir, log=log, stop=stop)
     log(f'run directory: {run_dir.path}  (population '
-        f'{parts.sampler.sampling_event().population_size}, {cfg.client_sampling} sampling, '
+        f'{parts.sampler.sampling_event().population_size}, {cfg.sampling.client_sampling} '
+        'sampling, '
         f'{"secret" if parts.sampler.secret else "seeded"} samples, delta {loop_config.delta:g})')
     summary = loop.run_training(loop_config, parts, stop)
     return dataclasses.replace(summary, run_dir=run_dir.path)
 
 
-def build_components(cfg: ExperimentConfig, task, run_dir: run_dir_lib.RunDirectory, *,
+def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDirectory, *,
                      log=print, stop: stop_signal.StopSignal
                      ) -> tuple[components.LoopConfig, components.LoopComponents]:
-  """Everything the round loop of `cfg` on `task` needs, in `run_dir` (not yet created).
+  """Everything the round loop of `config` on `task` needs, in `run_dir` (not yet created).
 
   Nothing is written until every input was checked: then the run directory is created and
   config.json written (with what a resume changed), and the ledger opened (repaired on resume).
-  `cfg` must be valid (`cfg.validate()`); `stop` is checked between the slow steps.
+  `config` must be valid (`config.validate()`); `stop` is checked between the slow steps.
   """
-  changes = resume_changes(run_dir.read_config(), cfg) if cfg.resume else {}
+  # The settings by their flat names (`cfg.clip`, `cfg.dp`), as config.json records them.
+  cfg = types.SimpleNamespace(**config.settings())
+  changes = resume_changes(run_dir.read_config(), config) if cfg.resume else {}
   tf.keras.utils.set_random_seed(cfg.seed)
 
   train_ids = list(task.train_data.client_ids)
@@ -383,7 +171,7 @@ def build_components(cfg: ExperimentConfig, task, run_dir: run_dir_lib.RunDirect
   if cfg.precondition != 'none' and cfg.side_info == 'public_clients':
     # Held-out public/proxy clients (the paper's OOD setting): removed from the private population.
     public_ids, train_ids = train_ids[:cfg.num_public_clients], train_ids[cfg.num_public_clients:]
-  sampler = _sampler(cfg, train_ids)
+  sampler = _sampler(config.sampling, train_ids)
   delta = cfg.delta if cfg.delta is not None else _default_delta(len(train_ids))
   accountant = None
   if cfg.dp != 'none':
@@ -397,7 +185,7 @@ def build_components(cfg: ExperimentConfig, task, run_dir: run_dir_lib.RunDirect
   client_optimizer = optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate)
   server_optimizer = optimizers.build_optimizer(
       cfg.server_optimizer, cfg.server_learning_rate, momentum=cfg.server_momentum)
-  aggregator = dp_factory = build_aggregator(cfg)
+  aggregator = dp_factory = build_aggregator(config.dp, cfg.clients_per_round)
   if cfg.precondition != 'none':
     scales = adadps_setup.scales_for_task(
         task, cfg.side_info, public_client_ids=public_ids, cap=cfg.precondition_cap,
@@ -445,11 +233,11 @@ def build_components(cfg: ExperimentConfig, task, run_dir: run_dir_lib.RunDirect
   # Integer labels/tokens must index the model's outputs (checked once per client).
   max_index = evaluator.output_dim
   clip_group_labels = _clip_group_labels(dp_factory, evaluator.trainable_weight_names)
-  aggregates, train_policy = _checkpoint_aggregation(cfg)
+  aggregates, train_policy = _checkpoint_aggregation(config.checkpoint_aggregation)
   stop.raise_if_received('during start-up')
 
   run_dir.create()
-  run_dir.write_config(dict(dataclasses.asdict(cfg), delta_used=delta,
+  run_dir.write_config(dict(config.settings(), delta_used=delta,
                             population_size=len(train_ids), task=task.name),
                        changes=changes)
   ledger = None
@@ -528,7 +316,7 @@ def _default_delta(population: int) -> float:
   return min(1e-5, 10 ** math.floor(math.log10(1.0 / population) - 1))
 
 
-def _checkpoint_aggregation(cfg: ExperimentConfig):
+def _checkpoint_aggregation(cfg: config_lib.CheckpointAggregationConfig):
   aggregates = {}
   policy = None
   if cfg.ema_beta is None and not cfg.past_k and cfg.train_on_aggregate == 'none':

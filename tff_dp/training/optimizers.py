@@ -2,9 +2,40 @@
 
 import tensorflow_federated as tff
 
+from tff_dp import choices
 from tff_dp.errors import UserInputError
 
-OPTIMIZER_NAMES = ('sgd', 'adam', 'adagrad', 'rmsprop', 'yogi')
+
+def _sgd(learning_rate, momentum, beta_1, beta_2, epsilon):
+  del beta_1, beta_2, epsilon
+  return tff.learning.optimizers.build_sgdm(learning_rate=learning_rate, momentum=momentum or None)
+
+
+def _adam(learning_rate, momentum, beta_1, beta_2, epsilon):
+  del momentum
+  return tff.learning.optimizers.build_adam(
+      learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon)
+
+
+def _adagrad(learning_rate, momentum, beta_1, beta_2, epsilon):
+  del momentum, beta_1, beta_2
+  return tff.learning.optimizers.build_adagrad(learning_rate=learning_rate, epsilon=epsilon)
+
+
+def _rmsprop(learning_rate, momentum, beta_1, beta_2, epsilon):
+  del momentum, beta_1, beta_2
+  return tff.learning.optimizers.build_rmsprop(learning_rate=learning_rate, epsilon=epsilon)
+
+
+def _yogi(learning_rate, momentum, beta_1, beta_2, epsilon):
+  del momentum
+  return tff.learning.optimizers.build_yogi(
+      learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=max(epsilon, 1e-3))
+
+
+_BUILDERS = {'sgd': _sgd, 'adam': _adam, 'adagrad': _adagrad, 'rmsprop': _rmsprop, 'yogi': _yogi}
+choices.check_implemented(choices.OPTIMIZERS, _BUILDERS, 'tff_dp.training.optimizers')
+OPTIMIZER_NAMES = tuple(choices.OPTIMIZERS)
 
 
 def build_optimizer(name: str, learning_rate: float, *, momentum: float = 0.0,
@@ -12,17 +43,7 @@ def build_optimizer(name: str, learning_rate: float, *, momentum: float = 0.0,
   """Returns a `tff.learning.optimizers.Optimizer` for `name`."""
   if learning_rate <= 0:
     raise UserInputError(f'learning rate must be positive, got {learning_rate}')
-  if name == 'sgd':
-    return tff.learning.optimizers.build_sgdm(
-        learning_rate=learning_rate, momentum=momentum or None)
-  if name == 'adam':
-    return tff.learning.optimizers.build_adam(
-        learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon)
-  if name == 'adagrad':
-    return tff.learning.optimizers.build_adagrad(learning_rate=learning_rate, epsilon=epsilon)
-  if name == 'rmsprop':
-    return tff.learning.optimizers.build_rmsprop(learning_rate=learning_rate, epsilon=epsilon)
-  if name == 'yogi':
-    return tff.learning.optimizers.build_yogi(
-        learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=max(epsilon, 1e-3))
-  raise UserInputError(f'unknown optimizer {name!r}; choose one of {", ".join(OPTIMIZER_NAMES)}')
+  if name not in _BUILDERS:
+    raise UserInputError(
+        f'unknown optimizer {name!r}; choose one of {", ".join(OPTIMIZER_NAMES)}')
+  return _BUILDERS[name](learning_rate, momentum, beta_1, beta_2, epsilon)

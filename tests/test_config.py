@@ -1,0 +1,143 @@
+"""The run configuration as data: flags -> config, config.json <-> config, checks, registries.
+
+All of it without TensorFlow (the command line checks its flags before TF is loaded).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from run_helpers import REPO
+from run_helpers import script_env
+from tff_dp import choices
+from tff_dp.errors import UserInputError
+from tff_dp.training import config as config_lib
+from tff_dp.training import config_flags
+from tff_dp.training.config import ExperimentConfig
+
+
+def test_config_and_flag_modules_import_no_tensorflow():
+  code = ('import sys; import tff_dp, tff_dp.choices, tff_dp.training.config, '
+          'tff_dp.training.config_flags, tasks, tasks.registry; '
+          'assert "tensorflow" not in sys.modules, [m for m in sys.modules if "tensorflow" in m]')
+  proc = subprocess.run([sys.executable, '-c', code], env=script_env(), cwd=REPO,
+                        capture_output=True, text=True, timeout=60)
+  assert proc.returncode == 0, proc.stderr
+
+
+def test_flags_give_the_config_built_from_sections():
+  cfg = config_flags.parse([
+      '--task=stackoverflow_tag', '--so_vocab_size=300', '--client_batch_size=8',
+      '--dp=fixed', '--clip=2', '--noise_multiplier=0.5', '--accounting=rdp',
+      '--clients_per_round=7', '--client_sampling=fixed_size', '--noprefetch_clients',
+      '--paper_results=accuracy=0.5,epsilon=3', '--experiment_name=x'])
+  assert cfg == ExperimentConfig(
+      task=config_lib.TaskConfig(name='stackoverflow_tag', so_vocab_size=300,
+                                 client_batch_size=8),
+      dp=config_lib.DPConfig(kind='fixed', clip=2.0, noise_multiplier=0.5),
+      accounting=config_lib.AccountingConfig(methods=('rdp',)),
+      sampling=config_lib.SamplingConfig(clients_per_round=7, client_sampling='fixed_size'),
+      runtime=config_lib.RuntimeConfig(prefetch_clients=False),
+      paper=config_lib.PaperConfig(paper_results={'accuracy': 0.5, 'epsilon': 3.0}),
+      output=config_lib.OutputConfig(experiment_name='x'))
+  assert cfg.task.task_options() == {'word_vocab_size': 300, 'tag_vocab_size': 500}
+  assert cfg.replace(task='stackoverflow_word').task.task_options() == {
+      'vocab_size': 300, 'sequence_length': 20}
+  assert cfg.replace(task='emnist', emnist_only_digits=True).task.task_options() == {
+      'only_digits': True}
+
+
+def test_settings_hold_every_field_and_round_trip_through_json():
+  cfg = ExperimentConfig.from_settings(
+      task='stackoverflow_word', data_dir='/data', dp='joint', clip=0.5, noise_multiplier=1.0,
+      workers='a:1,b:2', client_batch_size=16, client_epochs_per_round=2, so_vocab_size=100,
+      accounting=('pld', 'rdp'), paper_results={'accuracy': 0.3}, experiment_name='run')
+  recorded = json.loads(json.dumps(cfg.settings()))   # What config.json holds.
+  # The settings config.json used to miss are there, under their flag names.
+  assert {k: recorded[k] for k in ('client_batch_size', 'client_epochs_per_round', 'data_dir',
+                                   'so_vocab_size', 'so_tag_vocab_size', 'workers')} == {
+      'client_batch_size': 16, 'client_epochs_per_round': 2, 'data_dir': '/data',
+      'so_vocab_size': 100, 'so_tag_vocab_size': 500, 'workers': 'a:1,b:2'}
+  assert set(recorded) == set(config_flags.new_flag_values())   # Every flag is recorded.
+  assert ExperimentConfig.from_settings(recorded) == cfg
+  assert cfg.replace(clip=2.0).dp.clip == 2.0 and cfg.dp.clip == 0.5   # Frozen: a copy.
+  with pytest.raises(Exception):
+    cfg.dp.clip = 3.0   # pylint: disable=assigning-non-slot
+
+
+def test_the_settings_a_resume_may_change_are_the_same_as_before():
+  """Cadence, stopping, reporting, execution and paper notes (the list before issue 14, with
+  the former `runtime_settings` spelled out)."""
+  assert sorted(config_lib.RESUMABLE_SETTINGS) == sorted([
+      'total_rounds', 'max_epsilon', 'rounds_per_eval', 'rounds_per_checkpoint',
+      'max_eval_examples', 'pld_every', 'accounting', 'client_cache_size', 'prefetch_clients',
+      'worker_restart_rounds', 'loop_implementation', 'datasets_on_workers', 'workers',
+      'max_concurrent_computation_calls', 'client_slices', 'worker_unavailable_timeout',
+      'worker_rpc_timeout', 'paper_table', 'paper_arm', 'paper_results', 'paper_note'])
+
+
+@pytest.mark.parametrize('settings,message', [
+    (dict(clients_per_round=0), '`clients_per_round` must be a positive integer, got 0'),
+    (dict(clip=float('nan')), '`clip` must be a finite number, got nan'),
+    (dict(clip=-1.0), '`clip` must be positive, got -1.0'),
+    (dict(dp='fixed', clip=1.0), '`dp=fixed` needs `noise_multiplier` >= 0'),
+    (dict(dp='none', noise_multiplier=1.0), '`noise_multiplier` needs DP'),
+    (dict(dp='gaussian'), '`dp` must be one of none, fixed, adaptive, per_layer_adaptive or '
+                          "joint, got 'gaussian'"),
+    (dict(task='mnist'), "`task` must be one of emnist, stackoverflow_word or "
+                         "stackoverflow_tag, got 'mnist'"),
+    (dict(dp='none', accounting=('rdp', 'rdp')), '`accounting` must be a non-empty list'),
+    (dict(dp='none', max_epsilon=1.0), '`max_epsilon` needs DP'),
+    (dict(dp='fixed', clip=1.0, noise_multiplier=1.0, weighting='num_examples'),
+     'requires uniform client weighting'),
+    (dict(dp='none', train_on_aggregate='ema'), '`train_on_aggregate=ema` needs `ema_beta`'),
+    (dict(dp='none', precondition='client', side_info='words'), '`side_info` must be one of'),
+    (dict(dp='none', client_slices=2, workers='a:1'), '`client_slices` is for the local'),
+    (dict(dp='none', total_rounds=True), '`total_rounds` must be an integer, got True'),
+    (dict(dp='none', experiment_name='a/b'), '`experiment_name` must be a plain non-empty'),
+    (dict(dp='none', paper_results={'accuracy': 'high'}), '`paper_results` must map'),
+    (dict(dp='none', clip_norm=1.0), 'unknown setting(s) `clip_norm`'),
+])
+def test_bad_settings_are_refused_naming_the_setting(settings, message):
+  with pytest.raises(UserInputError) as raised:
+    ExperimentConfig.from_settings(settings)
+  assert message in str(raised.value)
+
+
+def test_side_info_is_free_without_preconditioning_and_any_file_with_it():
+  assert ExperimentConfig.from_settings(dp='none', side_info='anything').adadps.side_info == (
+      'anything')
+  assert ExperimentConfig.from_settings(dp='none', precondition='server',
+                                        side_info='file:/s.npy').adadps.precondition == 'server'
+
+
+def test_flag_choices_come_from_the_registries():
+  flag_values = config_flags.new_flag_values()
+  for flag, registry in [('dp', choices.DP_KINDS), ('client_sampling', choices.CLIENT_SAMPLERS),
+                         ('client_optimizer', choices.OPTIMIZERS),
+                         ('noise_allocation', choices.NOISE_ALLOCATIONS),
+                         ('precondition', choices.PRECONDITION_SIDES),
+                         ('preconditioner', choices.PRECONDITIONERS),
+                         ('train_on_aggregate', choices.TRAIN_ON_AGGREGATE),
+                         ('loop_implementation', choices.LOOP_IMPLEMENTATIONS),
+                         ('clip_update_rule', choices.CLIP_UPDATE_RULES),
+                         ('weighting', choices.WEIGHTINGS)]:
+    assert flag_values[flag].parser.enum_values == list(registry), flag
+  import tasks  # pylint: disable=g-import-not-at-top
+  assert flag_values['task'].parser.enum_values == list(tasks.TASKS)
+
+
+def test_an_implementation_table_must_cover_its_registry():
+  choices.check_implemented({'a': '', 'b': ''}, {'b': 1, 'a': 2}, 'toy')
+  with pytest.raises(AssertionError, match=r"toy: implemented \['a'\], listed .*\['a', 'b'\]"):
+    choices.check_implemented({'a': '', 'b': ''}, {'a': 1}, 'toy')
+
+
+def test_the_run_name_defaults_to_task_dp_and_time():
+  cfg = ExperimentConfig.from_settings(task='emnist', dp='none')
+  assert cfg.output.experiment_name is None
+  name = cfg.with_run_name().output.experiment_name
+  assert name.startswith('emnist-none-') and len(name) == len('emnist-none-20261123-180000')

@@ -1,0 +1,123 @@
+"""The lists of allowed values, one home each: name -> what it means.
+
+Flags (`--dp` takes exactly `DP_KINDS`), config validation (`tff_dp.training.config`) and the
+tables that implement each choice (e.g. `tff_dp.aggregators.build_dp_aggregator`) all derive
+from these dicts. An implementation table checks at import, with `check_implemented`, that it
+covers exactly its list, so a new choice is one entry here plus its implementation; a name
+listed here and not implemented (or the reverse) fails at import, not in the middle of a run.
+
+Pure Python: the configuration and the command line's flag parsing import it without
+TensorFlow.
+"""
+
+from typing import Collection, Mapping
+
+# `dp`: how client updates are aggregated. Every kind but 'none' clips and adds Gaussian noise.
+DP_KINDS = {
+    'none': 'plain FedAvg, no DP',
+    'fixed': 'fixed clip norm',
+    'adaptive': 'flat clip adapted to a target quantile of update norms',
+    'per_layer_adaptive': 'one adaptive clip per layer',
+    'joint': 'joint clipping with adaptive per-vector scales',
+}
+
+# `client_sampling`: how each round's clients are drawn (`tff_dp.sampling`).
+CLIENT_SAMPLERS = {
+    'poisson': 'each client independently with q = clients_per_round / population (what the '
+               'accountant assumes)',
+    'fixed_size': 'exactly clients_per_round without replacement (accounted with the Poisson '
+                  'formula under add/remove, or the without-replacement RDP bound under '
+                  'replace-one)',
+}
+
+# `weighting`: client weights in the average.
+WEIGHTINGS = {
+    'uniform': 'each client counts the same (what DP requires)',
+    'num_examples': 'by example count (non-DP only)',
+}
+
+# `client_optimizer`, `server_optimizer` (`tff_dp.training.optimizers`).
+OPTIMIZERS = {
+    'sgd': 'SGD (with `server_momentum` on the server)',
+    'adam': 'Adam',
+    'adagrad': 'Adagrad',
+    'rmsprop': 'RMSProp',
+    'yogi': 'Yogi',
+}
+
+# `clip_update_rule` of adaptive clipping (`tff_dp.aggregators.quantile_clipping`).
+CLIP_UPDATE_RULES = {
+    'geometric': 'C * exp(-eta * (b - gamma))',
+    'linear': 'C - eta * (b - gamma)',
+}
+
+# `noise_allocation` across clip groups (`tff_dp.noise_budget`).
+NOISE_ALLOCATIONS = {
+    'proportional': 'every group gets the same noise multiplier',
+    'dimensionality': 'groups get noise in proportion to their dimension',
+}
+
+# `accounting`: accountants that report epsilon (`tff_dp.accounting`).
+ACCOUNTANTS = {
+    'rdp': 'Renyi DP, every round',
+    'pld': 'privacy loss distributions, every `pld_every` rounds and at the end',
+}
+
+# `precondition`: where AdaDPS applies its preconditioner.
+PRECONDITION_SIDES = {
+    'none': 'no AdaDPS',
+    'client': 'precondition the local SGD steps',
+    'server': 'precondition each update before clipping',
+}
+
+# `preconditioner`: which AdaDPS preconditioner the side information builds.
+PRECONDITIONERS = {
+    'auto': 'frequency for word/tag counts, second_moment for public_clients, direct for a '
+            'scales file',
+    'frequency': 'capped max(freq) / freq',
+    'rank': 'the `precondition_num_frequent` most frequent tokens keep scale 1, all others '
+            'get `precondition_rare_scale`',
+    'second_moment': '1 / sqrt(v + eps)',
+    'direct': 'the side information is the scales',
+}
+
+# `side_info`: AdaDPS side information. 'file:PATH' stands for any file name after 'file:'.
+SIDE_INFO = {
+    'word_freq': 'public StackOverflow word counts',
+    'tag_freq': 'public StackOverflow tag counts',
+    'public_clients': 'second moments on `num_public_clients` held-out clients',
+    'file:PATH': 'a .npy/.npz file',
+}
+
+# `train_on_aggregate` (`tff_dp.checkpoint_aggregation`).
+TRAIN_ON_AGGREGATE = {
+    'none': 'each round starts from the last iterate',
+    'ema': 'each round starts from the EMA of server models',
+    'past_k': 'each round starts from the average of the last `past_k` server models',
+}
+
+# `loop_implementation`: how TFF runs a client's pass over its batches (same steps, same model).
+LOOP_IMPLEMENTATIONS = {
+    'dataset_iterator': 'a loop over the dataset\'s iterator (the fastest on CPU)',
+    'dataset_reduce': 'one DatasetReduce op (TFF\'s default, needed on TPUs)',
+}
+
+
+def one_of(choices: Collection[str]) -> str:
+  """'a, b or c': the choices as a message lists them."""
+  names = list(choices)
+  return names[0] if len(names) == 1 else f'{", ".join(names[:-1])} or {names[-1]}'
+
+
+def describe(choices: Mapping[str, str]) -> str:
+  """'a: meaning; b: meaning': the choices with their meanings, for help texts."""
+  return '; '.join(f'{name}: {meaning}' for name, meaning in choices.items())
+
+
+def check_implemented(choices: Collection[str], implemented: Collection[str],
+                      what: str) -> None:
+  """Raises at import when an implementation table does not cover exactly `choices`."""
+  if set(choices) != set(implemented):
+    raise AssertionError(
+        f'{what}: implemented {sorted(implemented)}, listed in tff_dp.choices '
+        f'{sorted(choices)}; add or remove the choice in both places')

@@ -1,0 +1,55 @@
+"""`tff_dp.run(config)`: a whole run from an `ExperimentConfig` alone.
+
+Sets up where TFF computes (the local C++ worker, or remote workers: `config.runtime`), builds
+the task with its data (`tasks.load`: the embedded dataset when `data_dir` is unset), then runs
+or resumes the experiment (`tff_dp.training.experiment.run`, which takes a task object for
+callers that build their own).
+"""
+
+from typing import Optional
+
+import tasks
+from tff_dp import distributed
+from tff_dp import runtime
+from tff_dp.training import components
+from tff_dp.training import experiment
+from tff_dp.training import stop_signal
+from tff_dp.training.config import ExperimentConfig
+
+
+def configure_execution(cfg: ExperimentConfig) -> None:
+  """Installs the TFF execution context `cfg.runtime` describes."""
+  settings = cfg.runtime
+  if settings.workers:
+    distributed.install_worker_context(
+        distributed.parse_workers(settings.workers),
+        unavailable_timeout=settings.worker_unavailable_timeout,
+        rpc_timeout=settings.worker_rpc_timeout)
+  else:
+    runtime.configure_execution_context(
+        max_concurrent_computation_calls=settings.max_concurrent_computation_calls,
+        client_slices=settings.client_slices)
+
+
+def load_task(cfg: ExperimentConfig):
+  """The task `cfg.task` describes, from its data directory or the embedded dataset."""
+  t = cfg.task
+  return tasks.load(t.name, t.data_dir, embedded_data_dir=t.embedded_data_dir,
+                    client_batch_size=t.client_batch_size,
+                    client_epochs=t.client_epochs_per_round,
+                    max_elements_per_client=t.max_elements_per_client,
+                    shuffle_seed=cfg.training.seed, **t.task_options())
+
+
+def run(cfg: ExperimentConfig, *, log=print,
+        stop: Optional[stop_signal.StopSignal] = None) -> components.RunSummary:
+  """Runs (or, with `output.resume`, resumes) the experiment `cfg` describes; returns how it
+  ended (`RunSummary`: `run_dir`, `rounds_completed`, ...).
+
+  Bad settings or data raise `tff_dp.errors.UserInputError` before anything is written; a
+  fault during the run raises `RunFailedError` with the run directory consistent. `log`
+  receives the console lines; `stop`: see `tff_dp.training.experiment.run`.
+  """
+  cfg.validate()
+  configure_execution(cfg)
+  return experiment.run(cfg, load_task(cfg), log=log, stop=stop)

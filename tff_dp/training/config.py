@@ -1,0 +1,532 @@
+"""The configuration of a run: nested, frozen, keyword-only sections, one field per setting.
+
+`ExperimentConfig` holds one section per concern (task and data, sampling, training, dp,
+accounting, adadps, checkpoint_aggregation, runtime, output, paper). Each field is declared once,
+with its type, default, help and checks (`setting`); everything else derives from the fields:
+the command line's flags (`tff_dp.training.config_flags`, one flag per field under the field's
+flat name, so flag files keep working), the checks, the run's `config.json` (`settings()`, a
+flat {setting name: value} dict that holds every setting) and which settings a resume may
+change (`RESUMABLE_SETTINGS`). A config is checked when it is built: a bad value raises
+`UserInputError` naming the setting (in backticks, as the library names parameters).
+
+Lists of allowed values come from their one home (`tff_dp.choices`, `tasks.TASKS`). This module
+imports no TensorFlow, so a command line is checked before TF is loaded.
+"""
+
+import dataclasses
+import math
+import os
+import time
+import typing
+from typing import Any, Callable, Mapping, Optional
+
+import tasks
+from tff_dp import choices
+from tff_dp.errors import UserInputError
+
+
+def setting(default: Any = dataclasses.MISSING,
+            help: str = '', *,  # pylint: disable=redefined-builtin
+            default_factory: Any = dataclasses.MISSING, flag: Optional[str] = None,
+            one_of: Optional[Mapping[str, str]] = None,
+            check: Optional[tuple[Callable[[Any], bool], str]] = None,
+            resumable: bool = False, path: bool = False):
+  """A config field: `help` (library style, parameters in backticks); `flag`: its setting
+  name when not the field's name; `one_of`: the allowed values (a `tff_dp.choices` registry);
+  `check`: (predicate, requirement) for a value that is set, e.g. (lambda v: v > 0,
+  'must be positive'); `resumable`: a resumed run may change it; `path`: a file system path
+  (the command line expands `~` in it)."""
+  metadata = dict(help=help, flag=flag, one_of=one_of, check=check, resumable=resumable,
+                  path=path)
+  if default_factory is not dataclasses.MISSING:
+    return dataclasses.field(default_factory=default_factory, metadata=metadata)
+  return dataclasses.field(default=default, metadata=metadata)
+
+
+def _at_least(low):
+  return (lambda v: v >= low), f'must be >= {low}'
+
+
+_POSITIVE = (lambda v: v > 0), 'must be positive'
+_NON_NEGATIVE = _at_least(0)
+
+
+def setting_name(field: dataclasses.Field) -> str:
+  """The flat name of a field: its flag, its key in config.json and in messages."""
+  return field.metadata.get('flag') or field.name
+
+
+def _describe(value) -> str:
+  return repr(value) if isinstance(value, str) else str(value)
+
+
+def base_type(annotation):
+  """(type without Optional, whether None is allowed)."""
+  args = typing.get_args(annotation)
+  if typing.get_origin(annotation) is typing.Union and type(None) in args:
+    return next(a for a in args if a is not type(None)), True
+  return annotation, False
+
+
+def _checked_value(name: str, value, annotation):
+  """`value` as the field's type (an int for a float field becomes a float, a list for a tuple
+  field a tuple), or UserInputError naming the setting."""
+  base, optional = base_type(annotation)
+  if value is None:
+    if optional:
+      return None
+    raise UserInputError(f'`{name}` must be set')
+  number = isinstance(value, (int, float)) and not isinstance(value, bool)
+  if base is float:
+    if not (number and math.isfinite(value)):
+      raise UserInputError(f'`{name}` must be a finite number, got {value!r}')
+    return float(value)
+  if base is int:
+    if not (isinstance(value, int) and not isinstance(value, bool)):
+      raise UserInputError(f'`{name}` must be an integer, got {value!r}')
+    return value
+  if base is bool:
+    if not isinstance(value, bool):
+      raise UserInputError(f'`{name}` must be true or false, got {value!r}')
+    return value
+  if base is str:
+    if not isinstance(value, str):
+      raise UserInputError(f'`{name}` must be a string, got {value!r}')
+    return value
+  if typing.get_origin(base) is tuple:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+      raise UserInputError(f'`{name}` must be a list, got {value!r}')
+    return tuple(value)
+  if typing.get_origin(base) is dict or base is dict:
+    if not isinstance(value, Mapping):
+      raise UserInputError(f'`{name}` must be a mapping, got {value!r}')
+    return dict(value)
+  raise TypeError(f'config field `{name}` has an unsupported type {annotation}')
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Section:
+  """A group of settings; checks each field when built, then the section's own rules."""
+
+  def __post_init__(self):
+    hints = typing.get_type_hints(type(self))
+    for field in dataclasses.fields(self):
+      name = setting_name(field)
+      value = _checked_value(name, getattr(self, field.name), hints[field.name])
+      object.__setattr__(self, field.name, value)
+      allowed, check = field.metadata.get('one_of'), field.metadata.get('check')
+      if allowed is not None and value is not None and value not in allowed:
+        raise UserInputError(f'`{name}` must be one of {choices.one_of(allowed)}, got '
+                             f'{_describe(value)}')
+      if check is not None and value is not None and not check[0](value):
+        raise UserInputError(f'`{name}` {check[1]}, got {_describe(value)}')
+    self._check()
+
+  def _check(self) -> None:
+    """Rules between this section's fields (UserInputError)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TaskConfig(Section):
+  """Task and data: which task, where its data is, how each client's data is batched."""
+  name: str = setting('emnist', 'Task to train.', flag='task',
+                      one_of={name: spec.help for name, spec in tasks.TASKS.items()})
+  data_dir: Optional[str] = setting(
+      None, 'TFF dataset cache directory (holding e.g. emnist_all.sqlite or '
+      'stackoverflow.sqlite, as written by tff.simulation.datasets.*.load_data). Unset: use '
+      'the embedded synthetic dataset (generated deterministically into `embedded_data_dir`; '
+      'no download).', path=True)
+  embedded_data_dir: str = setting(
+      tasks.DEFAULT_EMBEDDED_DATA_DIR,
+      'Where the embedded default dataset is generated when `data_dir` is unset.', path=True)
+  emnist_only_digits: bool = setting(
+      False, 'EMNIST: 10 digit classes instead of all 62 characters.')
+  so_vocab_size: int = setting(
+      10000, 'StackOverflow: word vocabulary size (most frequent words).', check=_at_least(1))
+  so_tag_vocab_size: int = setting(
+      500, 'StackOverflow tag prediction: number of tags predicted.', check=_at_least(1))
+  so_sequence_length: int = setting(
+      20, 'StackOverflow next-word prediction: tokens per sequence.', check=_at_least(1))
+  client_batch_size: int = setting(20, 'Local batch size.', check=_at_least(1))
+  client_epochs_per_round: int = setting(
+      1, 'Local epochs each client runs per round.', check=_at_least(1))
+  max_elements_per_client: Optional[int] = setting(
+      None, 'Cap on examples each client uses per round (after repeating epochs); unset: all.',
+      check=_at_least(1))
+  max_train_clients: Optional[int] = setting(
+      None, 'Train on only the first N training clients in the dataset\'s client order (e.g. '
+      'the 400-client StackOverflow subset of the AdaDPS federated experiment); unset: all '
+      'clients.', check=(lambda v: v >= 1, 'must be >= 1 when set'))
+
+  def task_options(self) -> dict[str, Any]:
+    """The task builder's own options (`tasks.build_task(**options)`) for this task, from the
+    settings its registry entry names (`tasks.TASKS[name].options`)."""
+    return {option: getattr(self, field)
+            for option, field in tasks.TASKS[self.name].options.items()}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingConfig(Section):
+  """Which clients train in each round."""
+  clients_per_round: int = setting(
+      10, 'Clients per round: the sample size (fixed_size) or its expectation (poisson).',
+      check=(lambda v: v >= 1, 'must be a positive integer'))
+  client_sampling: str = setting(
+      'poisson', 'How clients are drawn each round.', one_of=choices.CLIENT_SAMPLERS)
+  sampling_seed: Optional[int] = setting(
+      None, 'Make client sampling reproducible from this seed (simulations, tests). Unset: '
+      'each round\'s sample is drawn from OS randomness and is secret, as the accountant\'s '
+      'amplification by sampling assumes. When set, the privacy statement says the samples '
+      'are known to whoever holds the seed.',
+      check=(lambda v: 0 <= v < 2**63, 'must be in [0, 2^63) when set'))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainingConfig(Section):
+  """Rounds, seeding, weighting and the client and server optimisers."""
+  total_rounds: int = setting(20, 'Number of training rounds.', check=_at_least(1),
+                              resumable=True)
+  seed: int = setting(
+      0, 'Seed for model initialisation, client data order and the eval subset (never for '
+      'client sampling or DP noise, which are secret).',
+      check=(lambda v: 0 <= v < 2**32, 'must be in [0, 2^32)'))
+  weighting: str = setting(
+      'uniform', 'Client weighting in the average. DP requires uniform (each user contributes '
+      'equally).', one_of=choices.WEIGHTINGS)
+  client_optimizer: str = setting('sgd', 'Client (local) optimizer.', one_of=choices.OPTIMIZERS)
+  client_learning_rate: float = setting(0.1, 'Client learning rate.', check=_POSITIVE)
+  server_optimizer: str = setting(
+      'sgd', 'Server optimizer applied to the (noised) average update.',
+      one_of=choices.OPTIMIZERS)
+  server_learning_rate: float = setting(1.0, 'Server learning rate.', check=_POSITIVE)
+  server_momentum: float = setting(
+      0.9, 'Server momentum (sgd only; 0 disables).',
+      check=(lambda v: 0 <= v < 1, 'must be in [0, 1)'))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DPConfig(Section):
+  """Differential privacy: how client updates are clipped and noised."""
+  kind: str = setting('adaptive', 'DP aggregation.', flag='dp', one_of=choices.DP_KINDS)
+  clip: Optional[float] = setting(
+      None, 'L2 clip norm of each client update (the initial clip when adaptive).',
+      check=_POSITIVE)
+  noise_multiplier: Optional[float] = setting(
+      None, 'Effective noise multiplier z (noise stddev / sensitivity of the whole round). '
+      'With adaptive clipping part of it is spent on the clipped-count query.',
+      check=(lambda v: v >= 0, 'must be >= 0'))
+  target_unclipped_quantile: float = setting(
+      0.5, 'Adaptive clipping: target quantile gamma of update norms.',
+      check=(lambda v: 0 < v < 1, 'must be in (0, 1)'))
+  clip_learning_rate: float = setting(
+      0.2, 'Adaptive clipping: learning rate eta_C of the clip update.', check=_POSITIVE)
+  clip_update_rule: str = setting(
+      'geometric', 'Adaptive clipping: how the clip follows the noised unclipped fraction b.',
+      one_of=choices.CLIP_UPDATE_RULES)
+  clipped_count_stddev: Optional[float] = setting(
+      None, 'Adaptive clipping: noise stddev sigma_b of the clipped-count sum (default '
+      'clients_per_round / 20, as recommended in Andrew et al.).',
+      check=(lambda v: v >= 0, 'must be >= 0 when set'))
+  noise_allocation: str = setting(
+      'proportional', 'Per-layer/joint: how the noise budget is split across groups (ledger '
+      'paper, Sec. 4).', one_of=choices.NOISE_ALLOCATIONS)
+
+  def _check(self):
+    if self.kind == 'none':
+      if self.noise_multiplier not in (None, 0.0):
+        raise UserInputError('`noise_multiplier` needs DP: set '
+                             f'`dp={"|".join(k for k in choices.DP_KINDS if k != "none")}`')
+      return
+    if self.clip is None:
+      raise UserInputError(
+          f'`dp={self.kind}` needs `clip` (the fixed clip, or the initial clip when adaptive): '
+          'noise without a clip norm has no sensitivity to calibrate to')
+    if self.noise_multiplier is None:
+      raise UserInputError(f'`dp={self.kind}` needs `noise_multiplier` >= 0')
+
+
+def _distinct_accountants(methods) -> bool:
+  return (bool(methods) and all(m in choices.ACCOUNTANTS for m in methods)
+          and len(set(methods)) == len(methods))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AccountingConfig(Section):
+  """Privacy accounting: the reported epsilon, and the cap that stops a run."""
+  methods: tuple[str, ...] = setting(
+      tuple(choices.ACCOUNTANTS), 'Accountants that report epsilon each round.',
+      flag='accounting', resumable=True,
+      check=(_distinct_accountants,
+             f'must be a non-empty list of distinct {", ".join(choices.ACCOUNTANTS)}'))
+  delta: Optional[float] = setting(
+      None, 'Target delta for reported epsilon (default: < 1/population, at most 1e-5).',
+      check=(lambda v: 0 < v < 1, 'must be in (0, 1)'))
+  max_epsilon: Optional[float] = setting(
+      None, 'Stop cleanly before the round that would push epsilon above this.',
+      check=_POSITIVE, resumable=True)
+  pld_every: int = setting(
+      10, 'Report PLD epsilon every N rounds (PLD costs ~0.25 s per report; RDP is reported '
+      'every round). Rerun `python -m tff_dp.accounting` on the ledger for a full PLD curve.',
+      check=_at_least(1), resumable=True)
+
+
+def _side_info_name(value: str) -> bool:
+  return value in choices.SIDE_INFO or (value.startswith('file:') and len(value) > 5)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdaDPSConfig(Section):
+  """AdaDPS: preconditioning with public side information."""
+  precondition: str = setting(
+      'none', 'AdaDPS: where the preconditioner applies.', one_of=choices.PRECONDITION_SIDES)
+  side_info: str = setting(
+      'word_freq', 'AdaDPS side information (file:PATH: a .npy/.npz file).')
+  preconditioner: str = setting(
+      'auto', 'AdaDPS preconditioner built from the side information (rank: the AdaDPS '
+      'federated code, 100 and 200).', one_of=choices.PRECONDITIONERS)
+  precondition_cap: float = setting(
+      1000.0, 'AdaDPS frequency preconditioner: cap on max(freq)/freq.', check=_POSITIVE)
+  precondition_division: float = setting(
+      1.0, 'AdaDPS frequency preconditioner: divisor of the scales.', check=_POSITIVE)
+  precondition_eps: float = setting(
+      1e-8, 'AdaDPS second-moment preconditioner: eps in 1/sqrt(v + eps).', check=_POSITIVE)
+  precondition_num_frequent: int = setting(
+      100, 'AdaDPS rank preconditioner: tokens left unscaled.', check=_NON_NEGATIVE)
+  precondition_rare_scale: float = setting(
+      200.0, 'AdaDPS rank preconditioner: scale of the other tokens.', check=_POSITIVE)
+  num_public_clients: int = setting(
+      10, 'AdaDPS public_clients: first N clients held out from training as public data.',
+      check=_at_least(1))
+
+  def _check(self):
+    if self.precondition != 'none' and not _side_info_name(self.side_info):
+      raise UserInputError(f'`side_info` must be one of {choices.one_of(choices.SIDE_INFO)}, '
+                           f'got {self.side_info!r}')
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckpointAggregationConfig(Section):
+  """Checkpoint aggregation (Recycling Scraps): EMA / past-k models, last-k uncertainty."""
+  ema_beta: Optional[float] = setting(
+      None, 'Evaluate an EMA of server models with this beta (unset: off).',
+      check=(lambda v: 0 <= v < 1, 'must be in [0, 1) when set'))
+  past_k: int = setting(
+      0, 'Evaluate the uniform average of the last k server models (0: off).',
+      check=_NON_NEGATIVE)
+  train_on_aggregate: str = setting(
+      'none', 'Start each round from this aggregate instead of the last iterate (Algorithm 1).',
+      one_of=choices.TRAIN_ON_AGGREGATE)
+  aggregate_start_round: int = setting(
+      0, 'Round tau after which training starts from the aggregate.', check=_NON_NEGATIVE)
+  uncertainty_last_k: int = setting(
+      0, 'Write uncertainty.json: variance of test accuracy and prediction scores over the '
+      'last k checkpoints (0: off).',
+      check=(lambda v: v == 0 or v >= 2,
+             'must be 0 (off) or >= 2 (a spread needs two checkpoints)'))
+
+  def _check(self):
+    if self.train_on_aggregate == 'ema' and self.ema_beta is None:
+      raise UserInputError('`train_on_aggregate=ema` needs `ema_beta`')
+    if self.train_on_aggregate == 'past_k' and self.past_k < 1:
+      raise UserInputError('`train_on_aggregate=past_k` needs `past_k` >= 1')
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RuntimeConfig(Section):
+  """Execution: workers, concurrency, client-data caching. Same results; all may change on
+  resume."""
+  workers: Optional[str] = setting(
+      None, 'Spread each round\'s clients over TFF workers at host:port,host:port,... (start '
+      'one per host with `python -m tff_dp.worker --port N`). Unset: one local TFF worker.',
+      resumable=True)
+  worker_unavailable_timeout: float = setting(
+      60.0, 'With `workers`: seconds a worker may be unreachable before the round fails (TFF '
+      'alone would retry forever). The run then stops cleanly; `resume` continues.',
+      resumable=True)
+  worker_rpc_timeout: Optional[float] = setting(
+      None, 'With `workers`: deadline in seconds of each call to a worker (bounds a hung '
+      'worker; must exceed the longest client training call). Unset: none.', resumable=True)
+  max_concurrent_computation_calls: int = setting(
+      -1, 'Clients the TFF C++ worker trains concurrently (<= 0: all of a round\'s clients at '
+      'once, TFF\'s default and the fastest; a cap bounds memory with many clients per round).',
+      resumable=True)
+  client_slices: int = setting(
+      1, 'Run a round\'s clients in this many slices, one after the other, on the local TFF '
+      'worker (TFF\'s mergeable context). The worker holds all clients\' updates of a call '
+      'until their sum (~75 MiB per StackOverflow-tag client), so slices bound its peak '
+      'memory; same results up to float summation order. Not with `workers`.',
+      check=_at_least(1), resumable=True)
+  worker_restart_rounds: int = setting(
+      100, 'Replace the local TFF worker by a fresh process after every N-th round (0: never). '
+      'Bounds the worker\'s memory over long runs (its heap fragments: ~0.3-0.5 MiB per '
+      'round); same results, one worker start per restart. No effect with `workers`.',
+      check=_NON_NEGATIVE, resumable=True)
+  client_cache_size: int = setting(
+      1000, 'Preprocessed client datasets kept in memory across rounds (LRU; 0: rebuild every '
+      'time).', check=_NON_NEGATIVE, resumable=True)
+  prefetch_clients: bool = setting(
+      True, 'Build the next round\'s client datasets in a background thread while a round '
+      'runs.', resumable=True)
+  loop_implementation: str = setting(
+      'dataset_iterator', 'How TFF runs a client\'s pass over its batches. Same steps, same '
+      'model.', one_of=choices.LOOP_IMPLEMENTATIONS, resumable=True)
+  datasets_on_workers: bool = setting(
+      False, 'Build each sampled client\'s dataset on the TFF worker from its client id (TFF\'s '
+      'dataset computation composed into the learning process): a round sends ids instead of '
+      'serialized datasets. Every worker must have the task\'s data at the same `data_dir` '
+      'path. Same results; the coordinator still reads each new client once to check its '
+      'data.', resumable=True)
+
+  def _check(self):
+    if self.client_slices > 1 and self.workers:
+      raise UserInputError('`client_slices` is for the local worker; with `workers` each '
+                           'worker already runs its own slice')
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OutputConfig(Section):
+  """Where the run is written, and how often it evaluates and checkpoints."""
+  root_output_dir: str = setting('runs', 'Root of run directories.', path=True)
+  experiment_name: Optional[str] = setting(
+      None, 'Run directory name (default: TASK-DP-TIMESTAMP).',
+      check=(lambda v: bool(v) and os.sep not in v and v not in ('.', '..'),
+             'must be a plain non-empty name'))
+  resume: bool = setting(
+      False, 'Continue the run in ROOT_OUTPUT_DIR/EXPERIMENT_NAME from its checkpoint.')
+  rounds_per_eval: int = setting(1, 'Evaluate every N rounds.', check=_at_least(1),
+                                 resumable=True)
+  rounds_per_checkpoint: int = setting(
+      10, 'Checkpoint every N rounds. A resume restarts after the last checkpoint; rounds after '
+      'it that had already released metrics are re-executed and counted again in the ledger '
+      '(conservative). 1: exact resume, at ~0.3 s per round for the SavedModel write.',
+      check=_at_least(1), resumable=True)
+  max_eval_examples: int = setting(
+      2000, 'Test examples used per evaluation (0: all).',
+      check=(lambda v: v >= 0, 'must be >= 0 (0: all)'), resumable=True)
+  private_release: bool = setting(
+      False, 'Keep every non-private diagnostic (sampled and rejected client counts, client '
+      'names, zeroed updates, timings, client training metrics) out of the console, '
+      'metrics.csv, TensorBoard and plots, so that the run\'s outputs can be published as they '
+      'are.')
+
+
+def _finite_numbers(results: Mapping) -> bool:
+  return all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+             and math.isfinite(v) for k, v in results.items())
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PaperConfig(Section):
+  """What the run reproduces: recorded in config.json and read by `python -m tff_dp.tables`."""
+  paper_table: str = setting(
+      '', 'Paper table this run reproduces, e.g. "Andrew et al. 2021, Table 2" (set by the '
+      'flag files in experiments/).', resumable=True)
+  paper_arm: str = setting(
+      '', 'Row/arm of `paper_table` this run reproduces, e.g. "adaptive, z=0.1".',
+      resumable=True)
+  paper_note: str = setting(
+      '', 'Free-text remark on the paper\'s numbers, shown under the table.', resumable=True)
+  paper_results: dict[str, float] = setting(
+      default_factory=dict, help='The paper\'s numbers for this arm as key=value pairs: '
+      'accuracy (or another eval metric name, e.g. ema_accuracy), epsilon, delta, rounds. '
+      'Example: accuracy=0.83,epsilon=5,delta=1e-6',
+      check=(_finite_numbers, 'must map names to finite numbers'), resumable=True)
+
+
+# The sections in the order the help and the documentation show them.
+SECTIONS = {
+    'task': TaskConfig, 'sampling': SamplingConfig, 'training': TrainingConfig,
+    'dp': DPConfig, 'accounting': AccountingConfig, 'adadps': AdaDPSConfig,
+    'checkpoint_aggregation': CheckpointAggregationConfig, 'runtime': RuntimeConfig,
+    'output': OutputConfig, 'paper': PaperConfig,
+}
+
+
+def _section(cls):
+  return dataclasses.field(default_factory=cls)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExperimentConfig:
+  """Every setting of a run, by section; checked when built (UserInputError).
+
+  Build it from sections (`ExperimentConfig(dp=DPConfig(kind='fixed', clip=1.0,
+  noise_multiplier=1.0))`) or from flat setting names (`ExperimentConfig.from_settings(dp=
+  'fixed', clip=1.0, noise_multiplier=1.0)`); `replace(**settings)` returns a changed copy.
+  """
+  task: TaskConfig = _section(TaskConfig)
+  sampling: SamplingConfig = _section(SamplingConfig)
+  training: TrainingConfig = _section(TrainingConfig)
+  dp: DPConfig = _section(DPConfig)
+  accounting: AccountingConfig = _section(AccountingConfig)
+  adadps: AdaDPSConfig = _section(AdaDPSConfig)
+  checkpoint_aggregation: CheckpointAggregationConfig = _section(CheckpointAggregationConfig)
+  runtime: RuntimeConfig = _section(RuntimeConfig)
+  output: OutputConfig = _section(OutputConfig)
+  paper: PaperConfig = _section(PaperConfig)
+
+  def __post_init__(self):
+    for name, cls in SECTIONS.items():
+      if not isinstance(getattr(self, name), cls):
+        raise UserInputError(f'`{name}` must be a {cls.__name__}, got {getattr(self, name)!r}')
+    self.validate()
+
+  def validate(self) -> None:
+    """Raises UserInputError for settings that contradict each other across sections (each
+    section checked its own when built)."""
+    dp = self.dp.kind
+    if dp != 'none' and self.training.weighting != 'uniform':
+      raise UserInputError(
+          f'`dp={dp}` requires uniform client weighting (`weighting=uniform`): a client '
+          'weighted by its example count could exceed the clip-based sensitivity')
+    if self.accounting.max_epsilon is not None and dp == 'none':
+      raise UserInputError('`max_epsilon` needs DP (`dp` != none)')
+
+  @classmethod
+  def from_settings(cls, settings: Optional[Mapping[str, Any]] = None,
+                    **more: Any) -> 'ExperimentConfig':
+    """The config with these flat settings (setting names as the flags and config.json name
+    them) and defaults elsewhere; UserInputError for an unknown name."""
+    values = dict(settings or {}, **more)
+    unknown = sorted(set(values) - set(_FIELDS))
+    if unknown:
+      raise UserInputError(f'unknown setting(s) {", ".join(f"`{n}`" for n in unknown)}')
+    sections = {}
+    for section_name, section_cls in SECTIONS.items():
+      sections[section_name] = section_cls(**{
+          field: values[name] for name, (section, field) in _FIELDS.items()
+          if section == section_name and name in values})
+    return cls(**sections)
+
+  def settings(self) -> dict[str, Any]:
+    """Every setting by its flat name (what config.json records)."""
+    return {name: getattr(getattr(self, section), field)
+            for name, (section, field) in _FIELDS.items()}
+
+  def replace(self, **settings: Any) -> 'ExperimentConfig':
+    """A copy with these flat settings changed (checked as a whole)."""
+    return self.from_settings(self.settings(), **settings)
+
+  def with_run_name(self) -> 'ExperimentConfig':
+    """The config with `experiment_name` set: TASK-DP-TIMESTAMP when it is unset."""
+    if self.output.experiment_name is not None:
+      return self
+    return self.replace(experiment_name=(f'{self.task.name}-{self.dp.kind}-'
+                                         f'{time.strftime("%Y%m%d-%H%M%S")}'))
+
+
+# Flat setting name -> (section, field name), in section order.
+_FIELDS = {setting_name(f): (section, f.name)
+           for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+
+# Settings a resumed run may change (cadence, stopping, reporting, execution and the paper
+# notes); any other change would make the resumed run a different mechanism, model or data
+# than the one the ledger and checkpoints describe, and is refused. loop_implementation and
+# datasets_on_workers are execution: how and where TFF runs the same client SGD steps.
+RESUMABLE_SETTINGS = tuple(setting_name(f) for cls in SECTIONS.values()
+                           for f in dataclasses.fields(cls) if f.metadata.get('resumable'))
+
+
+def fields_by_section() -> dict[str, list[dataclasses.Field]]:
+  """{section name: its fields}, in declaration order (for flags and help)."""
+  return {name: list(dataclasses.fields(cls)) for name, cls in SECTIONS.items()}

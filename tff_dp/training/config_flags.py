@@ -1,0 +1,119 @@
+"""Command-line flags generated from the config's fields, and flags -> `ExperimentConfig`.
+
+One flag per field of `tff_dp.training.config`, under the setting's flat name (`--clip`,
+`--dp`, ...), so every flag file in experiments/ keeps working; its type, default, help and
+choices come from the field. Each section's flags are registered under the section's name,
+which is how absl groups them in the help (`help_text`).
+
+Imports no TensorFlow: `parse` reports a bad command line before TF is loaded.
+"""
+
+import dataclasses
+import typing
+from typing import Any, Sequence
+
+from absl import flags
+
+from tff_dp import choices
+from tff_dp import cli_flags
+from tff_dp import errors
+from tff_dp.training import config as config_lib
+
+
+def _parse_key_values(items: Sequence[str]) -> dict[str, float]:
+  """['accuracy=0.83', 'epsilon=5'] -> {'accuracy': 0.83, 'epsilon': 5.0}."""
+  results = {}
+  for item in items:
+    key, sep, value = item.partition('=')
+    try:
+      if not sep or not key.strip():
+        raise ValueError
+      results[key.strip()] = float(value)
+    except ValueError:
+      raise errors.UserInputError(
+          f'`paper_results`: expected key=number, got {item!r}') from None
+  return results
+
+
+def _flag_help(field) -> str:
+  text = field.metadata['help']
+  allowed = field.metadata.get('one_of')
+  if isinstance(allowed, dict):
+    text += f' One of: {choices.describe(allowed)}.'
+  return text
+
+
+def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
+  """Defines one flag per config field in `flag_values` (grouped by section); returns it."""
+  for section, fields in config_lib.fields_by_section().items():
+    hints = typing.get_type_hints(config_lib.SECTIONS[section])
+    for field in fields:
+      name = config_lib.setting_name(field)
+      base, _ = config_lib.base_type(hints[field.name])
+      default = (field.default if field.default is not dataclasses.MISSING
+                 else field.default_factory())
+      common = dict(flag_values=flag_values, module_name=section)
+      text = _flag_help(field)
+      allowed = field.metadata.get('one_of')
+      if allowed is not None:
+        flags.DEFINE_enum(name, default, list(allowed), text, **common)
+      elif base is bool:
+        flags.DEFINE_bool(name, default, text, **common)
+      elif base is int:
+        flags.DEFINE_integer(name, default, text, **common)
+      elif base is float:
+        flags.DEFINE_float(name, default, text, **common)
+      elif base is str:
+        flags.DEFINE_string(name, default, text, **common)
+      elif typing.get_origin(base) is tuple:
+        flags.DEFINE_list(name, list(default), text, **common)
+      else:   # paper_results: key=number pairs.
+        flags.DEFINE_list(name, [f'{k}={v}' for k, v in default.items()], text, **common)
+  return flag_values
+
+
+def new_flag_values() -> flags.FlagValues:
+  """A fresh `FlagValues` holding the config's flags (nothing parsed yet)."""
+  return define_flags(flags.FlagValues())
+
+
+def config_from_flags(flag_values: flags.FlagValues) -> config_lib.ExperimentConfig:
+  """The config the parsed `flag_values` describe (UserInputError if it is not valid)."""
+  values: dict[str, Any] = {}
+  for section, fields in config_lib.fields_by_section().items():
+    hints = typing.get_type_hints(config_lib.SECTIONS[section])
+    for field in fields:
+      name = config_lib.setting_name(field)
+      value = flag_values[name].value
+      if typing.get_origin(hints[field.name]) is dict:   # paper_results
+        value = _parse_key_values(value)
+      elif field.metadata.get('path'):
+        value = cli_flags.path(value)
+      values[name] = value
+  return config_lib.ExperimentConfig.from_settings(values)
+
+
+def parse(argv: Sequence[str]) -> config_lib.ExperimentConfig:
+  """Command-line arguments (without the program name; `--flagfile=` allowed) -> config.
+
+  Raises UserInputError for an unknown flag, a value of the wrong type or choice, a stray
+  positional argument, or settings the config refuses.
+  """
+  flag_values = new_flag_values()
+  try:
+    extra = flag_values(['prog', *argv])[1:]
+  except flags.Error as e:
+    raise errors.UserInputError(str(e)) from None
+  if extra:
+    raise errors.UserInputError(f'unexpected arguments {extra}')
+  return config_from_flags(flag_values)
+
+
+def help_text(flag_values: flags.FlagValues) -> str:
+  """Every flag with its help and default, grouped by config section in declaration order."""
+  blocks = []
+  for section, cls in config_lib.SECTIONS.items():
+    title = (cls.__doc__ or '').strip().splitlines()[0]
+    body = flag_values.module_help(section).strip('\n')
+    blocks.append(f'{section}: {title}\n' + '\n'.join(body.splitlines()[1:]))
+  return cli_flags.as_flags('\n\n'.join(blocks), flag_values)
