@@ -8,7 +8,7 @@ PIP    := $(VENV)/bin/pip
 TFF_VERSION := 0.87.0
 STAMP  := $(VENV)/.installed-$(shell cat requirements/lock.txt | cksum | cut -d' ' -f1)
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-tables test-fast bench clean
 
 setup: $(STAMP)
 
@@ -42,8 +42,12 @@ $(DEMO_DATA)/emnist_all.sqlite: | setup
 demo: setup $(DEMO_DATA)/emnist_all.sqlite
 	$(PY) run_experiment.py $(DEMO_FLAGS)
 
+# The whole suite, with one arm per paper table at smoke scale; `make test-tables` runs every arm.
 test: setup
-	$(PY) -m pytest -q --durations=10 tests
+	$(PY) -m pytest -q --durations=10 -m "not all_tables" tests
+
+test-tables: setup
+	$(PY) -m pytest -q --durations=10 -m all_tables tests
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" tests

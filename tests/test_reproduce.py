@@ -131,18 +131,36 @@ def _independent_epsilon(run_dir, delta):
   return acc.get_epsilon(delta)
 
 
-@pytest.mark.slow
-def test_every_table_reproduces_at_smoke_scale(tmp_path):
+# The default suite runs one arm per table (both arms of the EMA table: its ledger check compares
+# them); `make test-tables` runs every arm of every table (marker `all_tables`).
+_ONE_ARM_PER_TABLE = {
+    'andrew2021_emnist': ['adaptive'],
+    'andrew2021_stackoverflow_nwp': ['adaptive'],
+    'li2022_adadps_stackoverflow_tag': ['adadps'],
+    _RECYCLING: ['last_iterate', 'train_on_ema'],
+}
+
+
+def _all_arms(table):
+  return sorted(os.path.basename(p)[:-len('.flags')]
+                for p in glob.glob(os.path.join(EXPERIMENTS, table, '*.flags'))
+                if not p.endswith('smoke.flags'))
+
+
+def _reproduce_smoke_tables(tmp_path, arms_by_table):
+  """Runs reproduce.py at smoke scale for each table's arms (every arm: one `--table=all` call)
+  and checks each table against its runs, an independent epsilon, and a second invocation."""
   env, tag = tagged_env()   # Only this test's workers are judged (run_helpers.tagged_workers).
-  out = _reproduce(['--table=all', '--scale=smoke', f'--root_output_dir={tmp_path}'], env=env)
-  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-  for table in TABLES:
+  every_arm = all(arms == _all_arms(t) for t, arms in arms_by_table.items())
+  calls = ([['--table=all']] if every_arm and sorted(arms_by_table) == TABLES else
+           [[f'--table={t}', f'--arms={",".join(arms)}'] for t, arms in arms_by_table.items()])
+  for args in calls:
+    out = _reproduce(args + ['--scale=smoke', f'--root_output_dir={tmp_path}'], env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  for table, arms in arms_by_table.items():
     table_dir = tmp_path / f'{table}-smoke'
     rows = _table_rows(table_dir / 'results.md')
-    arms = sorted(os.path.basename(p)[:-len('.flags')]
-                  for p in glob.glob(os.path.join(EXPERIMENTS, table, '*.flags'))
-                  if not p.endswith('smoke.flags'))
-    assert sorted(rows) == arms
+    assert sorted(rows) == sorted(arms)
     assert len(glob.glob(str(table_dir / '*.png'))) == 4
     for arm, cells in rows.items():
       run_dir = table_dir / 'runs' / arm
@@ -159,22 +177,36 @@ def test_every_table_reproduces_at_smoke_scale(tmp_path):
       assert float(cells[7]) == pytest.approx(_independent_epsilon(str(run_dir), delta),
                                               rel=1e-3)
       assert math.isfinite(float(cells[7])) and float(cells[7]) > 0
-  recycling = tmp_path / f'{_RECYCLING}-smoke' / 'runs'
-  for arm in ('last_iterate', 'train_on_ema'):
-    last = metrics_rows(recycling / arm)[-1]
-    assert last['eval_ema_accuracy'] and last['eval_past_k_accuracy']
-    assert (recycling / arm / 'uncertainty.json').exists()
-  # Same sampling and noise: training over the EMA leaves the privacy ledger's epsilon unchanged.
-  eps = {arm: _table_rows(tmp_path / f'{_RECYCLING}-smoke' / 'results.md')[arm][7]
-         for arm in ('last_iterate', 'train_on_ema')}
-  assert eps['last_iterate'] == eps['train_on_ema']
+  if _RECYCLING in arms_by_table:
+    recycling = tmp_path / f'{_RECYCLING}-smoke' / 'runs'
+    for arm in ('last_iterate', 'train_on_ema'):
+      last = metrics_rows(recycling / arm)[-1]
+      assert last['eval_ema_accuracy'] and last['eval_past_k_accuracy']
+      assert (recycling / arm / 'uncertainty.json').exists()
+    # Same sampling and noise: training over the EMA leaves the ledger's epsilon unchanged.
+    eps = {arm: _table_rows(tmp_path / f'{_RECYCLING}-smoke' / 'results.md')[arm][7]
+           for arm in ('last_iterate', 'train_on_ema')}
+    assert eps['last_iterate'] == eps['train_on_ema']
   # A second invocation finds every arm complete and only rebuilds the tables.
-  again = _reproduce(['--table=all', '--scale=smoke', f'--root_output_dir={tmp_path}'],
-                     timeout=300, env=env)
-  assert again.returncode == 0 and again.stdout.count('complete, skipped') == sum(
-      len(_table_rows(tmp_path / f'{t}-smoke' / 'results.md')) for t in TABLES)
+  for args in calls:
+    again = _reproduce(args + ['--scale=smoke', f'--root_output_dir={tmp_path}'],
+                       timeout=300, env=env)
+    tables_run = arms_by_table if args == ['--table=all'] else [args[0].split('=', 1)[1]]
+    assert again.returncode == 0 and again.stdout.count('complete, skipped') == sum(
+        len(arms_by_table[t]) for t in tables_run)
   # Every arm's process stopped its worker.
   assert tagged_workers(tag) == set()
+
+
+@pytest.mark.slow
+def test_one_arm_per_table_reproduces_at_smoke_scale(tmp_path):
+  _reproduce_smoke_tables(tmp_path, _ONE_ARM_PER_TABLE)
+
+
+@pytest.mark.slow
+@pytest.mark.all_tables
+def test_every_table_reproduces_at_smoke_scale(tmp_path):
+  _reproduce_smoke_tables(tmp_path, {t: _all_arms(t) for t in TABLES})
 
 
 def _finished_run(runs_dir, arm_file, name, extra=(), scale='smoke', data_dir=None):
