@@ -1,19 +1,27 @@
 """DP-FTRL (issue 15): the tree factories against TFF and numpy, shuffled participation, and the
 tree accounting against dp_accounting built independently here."""
 
+import collections
 import math
 
+import dp_accounting
 import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_dp import aggregators
+from tff_dp import ledger
 from tff_dp import noise_budget
+from tff_dp import sampling
+from tff_dp.accounting import accountant as accountant_lib
+from tff_dp.accounting import calibration
 from tff_dp.aggregators import privacy_queries
 from tff_dp.errors import UserInputError
 from test_aggregators import _dataset
 from test_aggregators import _model_fn
+
+REPLACE_SPECIAL = dp_accounting.NeighboringRelation.REPLACE_SPECIAL
 
 
 def _process(factory, shapes):
@@ -259,3 +267,164 @@ def test_tree_factories_reject_bad_settings():
   with pytest.raises(UserInputError, match='geometrically'):
     aggregators.build_dp_aggregator('ftrl_adaptive', update_rule='linear',
                                     clipped_count_stddev=5.0, **kw)
+
+
+# ------------------------------------------------------------------------------- sampler
+
+
+def test_shuffled_schedule_gives_each_client_at_most_one_round_per_epoch():
+  ids = [f'c{i}' for i in range(23)]
+  s = sampling.ShuffledSampler(ids, 5)
+  assert s.rounds_per_epoch == 4 and s.secret
+  epochs = collections.defaultdict(list)
+  for r in range(1, 13):
+    clients = s.sample(r)
+    assert len(clients) == 5 and s.sample(r) == clients
+    event = s.sampling_event(r)
+    assert (event.kind, event.epoch, event.sample_size) == ('shuffled', (r - 1) // 4 + 1, 5)
+    epochs[event.epoch].extend(clients)
+  for members in epochs.values():
+    assert len(members) == len(set(members)) == 20     # Nobody twice in an epoch.
+  assert len({tuple(sorted(m)) for m in epochs.values()}) == 3   # Fresh permutation per epoch.
+  again = sampling.ShuffledSampler(ids, 5, key=s.key)   # A resume draws the same schedule.
+  assert [again.sample(r) for r in (7, 2, 12)] == [s.sample(r) for r in (7, 2, 12)]
+  other = sampling.ShuffledSampler(ids, 5)   # Another secret key: another schedule.
+  assert not np.array_equal(other.permutation(1), s.permutation(1))
+  seeded = [sampling.ShuffledSampler(ids, 5, seed=4).sample(r) for r in range(1, 9)]
+  assert seeded == [sampling.ShuffledSampler(ids, 5, seed=4).sample(r) for r in range(1, 9)]
+  assert not sampling.ShuffledSampler(ids, 5, seed=4).secret
+
+
+# ------------------------------------------------------------------------------ ledger
+
+
+def test_tree_records_round_trip_and_gaussian_lines_are_unchanged(tmp_path):
+  event = ledger.SamplingEvent('shuffled', 100, sample_size=10, epoch=2)
+  record = ledger.RoundRecord(3, event, (ledger.GaussianSumQuery('update', 1.0, 0.7),), 3)
+  path = str(tmp_path / 'ledger.jsonl')
+  with ledger.PrivacyLedger(path) as led:
+    for r in (1, 2, 3):
+      led.append(ledger.RoundRecord(r, event, record.queries, r))
+  assert ledger.read_ledger(path)[2] == record
+  poisson = ledger.RoundRecord(1, ledger.SamplingEvent('poisson', 10, probability=0.1), ())
+  assert poisson.to_json() == {'round_num': 1, 'queries': [], 'sampling': {
+      'kind': 'poisson', 'population_size': 10, 'probability': 0.1, 'sample_size': None}}
+  with pytest.raises(ledger.LedgerError, match='epoch'):
+    ledger.SamplingEvent('poisson', 10, probability=0.1, epoch=1)
+  with pytest.raises(ledger.LedgerError, match='tree_leaf'):
+    ledger.RoundRecord(1, event, (), 0)
+
+
+# --------------------------------------------------------------------------- accounting
+
+
+def _tree_records(schedule, z, population=1000, m=10, count_stddev=None):
+  """Records of consecutive rounds: schedule = [(epoch, leaf), ...]."""
+  queries = [ledger.GaussianSumQuery('update', 0.5, 0.5 * z)]
+  if count_stddev is not None:
+    queries.append(ledger.GaussianSumQuery('clipped_count', 0.5, count_stddev))
+  return [ledger.RoundRecord(r, ledger.SamplingEvent('shuffled', population, sample_size=m,
+                                                     epoch=e), tuple(queries), leaf)
+          for r, (e, leaf) in enumerate(schedule, 1)]
+
+
+def _direct_epsilon(z, epochs, delta):
+  """dp_accounting alone: per epoch a SingleEpochTreeAggregationDpEvent(z, trees' steps)."""
+  acc = dp_accounting.rdp.RdpAccountant(neighboring_relation=REPLACE_SPECIAL)
+  acc.compose(dp_accounting.ComposedDpEvent(
+      [dp_accounting.SingleEpochTreeAggregationDpEvent(z, steps) for steps in epochs]))
+  return acc.get_epsilon(delta)
+
+
+def _schedule(epoch_trees):
+  """[(epoch, leaf)] for epochs given as lists of tree sizes."""
+  return [(e, leaf) for e, trees in enumerate(epoch_trees, 1) for size in trees
+          for leaf in range(1, size + 1)]
+
+
+def _ledger_curve(records, delta):
+  return [p['epsilon_rdp'] for p in accountant_lib.epsilon_curve(
+      records, delta, ('rdp', 'pld'), 'replace_special')]
+
+
+@pytest.mark.parametrize('epoch_trees', [
+    [[12]],                      # One epoch, one tree.
+    [[4], [4], [4]],             # Three epochs, a tree each (restart at every epoch).
+    [[3, 4, 1], [3, 5], [2]],    # Restarts inside epochs (tree_adaptive's warm-up/frequency).
+])
+def test_ledger_epsilon_equals_dp_accounting(epoch_trees):
+  z, delta = 1.7, 1e-6
+  records = _tree_records(_schedule(epoch_trees), z)
+  curve = _ledger_curve(records, delta)
+  # After every round: the completed epochs plus the current one's trees so far.
+  done, expected = [], []
+  for trees in epoch_trees:
+    so_far = []
+    for size in trees:
+      for steps in range(1, size + 1):
+        expected.append(_direct_epsilon(z, done + [so_far + [steps]], delta))
+      so_far.append(size)
+    done.append(trees)
+  np.testing.assert_allclose(curve, expected, rtol=1e-9)
+  assert curve[-1] > curve[0] > 0
+
+
+def test_adaptive_ledger_combines_update_and_count_trees():
+  z_v, sigma_b, delta = 2.0, 1.5, 1e-5
+  records = _tree_records(_schedule([[3, 3], [6]]), z_v, count_stddev=sigma_b)
+  z = (z_v**-2 + (sigma_b / 0.5)**-2)**-0.5
+  assert _ledger_curve(records, delta)[-1] == pytest.approx(
+      _direct_epsilon(z, [[3, 3], [6]], delta), rel=1e-9)
+  # The same by composing the two trees' events, as dp_accounting would without Eq. (1).
+  acc = dp_accounting.rdp.RdpAccountant(neighboring_relation=REPLACE_SPECIAL)
+  for zz in (z_v, sigma_b / 0.5):
+    acc.compose(dp_accounting.ComposedDpEvent([
+        dp_accounting.SingleEpochTreeAggregationDpEvent(zz, [3, 3]),
+        dp_accounting.SingleEpochTreeAggregationDpEvent(zz, 6)]))
+  assert _ledger_curve(records, delta)[-1] == pytest.approx(acc.get_epsilon(delta), rel=1e-9)
+
+
+def test_tree_accounting_refuses_what_it_cannot_analyse():
+  z, delta = 1.0, 1e-6
+  ok = _tree_records(_schedule([[2], [2]]), z)
+  acc = accountant_lib.LedgerAccountant(delta, ('rdp', 'pld'), 'replace_special')
+  for r in ok:
+    acc.add(r)
+  assert acc.epsilon()['pld'] is None and acc.epsilon_pld() is None   # PLD: not applicable.
+  spans = _tree_records([(1, 1), (1, 2), (2, 3)], z)   # No restart at the epoch boundary.
+  with pytest.raises(UserInputError, match='restart at every epoch'):
+    accountant_lib.epsilon_curve(spans, delta, ('rdp',), 'replace_special')
+  with pytest.raises(UserInputError, match='replace_special'):
+    accountant_lib.epsilon_curve(ok, delta, ('rdp',), 'add_remove')
+  poisson = [ledger.RoundRecord(1, ledger.SamplingEvent('poisson', 100, probability=0.1),
+                                ok[0].queries, 1)]
+  with pytest.raises(UserInputError, match='use `client_sampling=shuffled`'):
+    accountant_lib.epsilon_curve(poisson, delta, ('rdp',), 'replace_special')
+  gaussian_shuffled = [ledger.RoundRecord(1, ok[0].sampling, ok[0].queries)]
+  with pytest.raises(UserInputError, match='dp=ftrl'):
+    accountant_lib.epsilon_curve(gaussian_shuffled, delta, ('rdp',), 'add_remove')
+  replayed = ok[:2] + [ok[1]]   # Round 2 recorded again after a resume.
+  with pytest.raises(UserInputError, match='re-executed'):
+    accountant_lib.epsilon_curve(replayed, delta, ('rdp',), 'replace_special')
+  assert accountant_lib.default_relation(ok) == 'replace_special'
+
+
+def test_tree_calibration_reaches_the_target_with_dp_accounting():
+  """--mechanism=tree: 1600 rounds of 100 of 342477 clients (one epoch, the paper's DP-FTRL
+  StackOverflow setting) and two epochs of a small population."""
+  delta = 1e-6
+  for rounds, population, target in ((1600, 342477, 8.2), (30, 200, 5.0)):
+    result = calibration.calibrate_noise_multiplier(
+        target, delta, rounds, population_size=population, clients_per_round=100 if
+        population > 1000 else 10, mechanism='tree')
+    per_epoch = population // (100 if population > 1000 else 10)
+    epochs = [per_epoch] * (rounds // per_epoch) + (
+        [rounds % per_epoch] if rounds % per_epoch else [])
+    assert result.neighboring_relation == 'replace_special'
+    assert _direct_epsilon(result.noise_multiplier, [[s] for s in epochs], delta) <= target
+    assert _direct_epsilon(result.noise_multiplier * 0.999, [[s] for s in epochs],
+                           delta) > target
+  with pytest.raises(UserInputError, match='use rdp'):
+    calibration.calibrate_noise_multiplier(8.0, delta, 10, population_size=100,
+                                           clients_per_round=10, mechanism='tree',
+                                           method='pld')

@@ -57,6 +57,7 @@ class LoopComponents:
   train_on_aggregate: Any = None                 # checkpoint_aggregation.TrainOnAggregate or None
   # The queries round 1 will execute (for max_epsilon before any record exists).
   planned_queries: Sequence[ledger_lib.GaussianSumQuery] = ()
+  planned_tree_leaf: Optional[int] = None        # 1 for tree aggregation (DP-FTRL)
   log: Callable[[str], None] = print
   # dataset -> reason it cannot be trained on, or None (see client_data.check_client_dataset).
   check_client_fn: Optional[Callable[[Any], Optional[str]]] = None
@@ -97,7 +98,16 @@ def _predicted_epsilon(c: LoopComponents, round_num: int, last_record) -> Option
   queries = last_record.queries if last_record is not None else tuple(c.planned_queries)
   if not queries:
     return None
-  record = ledger_lib.RoundRecord(round_num, c.sampler.sampling_event(), tuple(queries))
+  sampling_event = c.sampler.sampling_event(round_num)
+  leaf = None
+  if last_record is not None and last_record.tree_leaf is not None:
+    # The tree goes on within an epoch (at least as costly as a restart) and restarts at an
+    # epoch boundary (the tree factories do).
+    same_epoch = sampling_event.epoch == last_record.sampling.epoch
+    leaf = last_record.tree_leaf + 1 if same_epoch else 1
+  elif last_record is None:
+    leaf = c.planned_tree_leaf
+  record = ledger_lib.RoundRecord(round_num, sampling_event, tuple(queries), leaf)
   return c.accountant.peek_epsilon(record)
 
 
@@ -206,9 +216,11 @@ def _privacy_statement(config: LoopConfig, c: LoopComponents, rounds: int) -> di
   rows = c.run_dir.metrics.read_rows()
   return privacy_statement.statement(
       dp=config.dp, rounds_completed=rounds, epsilons=epsilons, delta=config.delta,
-      sampling_event=c.sampler.sampling_event(), sampling_secret=c.sampler.secret,
-      private_release=config.private_release,
-      released_columns=rows[0].keys() if rows else ())
+      sampling_event=c.sampler.sampling_event(max(rounds, 1)),
+      sampling_secret=c.sampler.secret, private_release=config.private_release,
+      released_columns=rows[0].keys() if rows else (),
+      **({'neighboring_relation': c.accountant.neighboring_relation}
+         if c.accountant is not None else {}))
 
 
 @dataclasses.dataclass
@@ -306,7 +318,8 @@ def _run_rounds(config: LoopConfig, c: LoopComponents, client_data, progress: _P
         raise RuntimeError('DP is on but the aggregator reported no privacy_queries; refusing '
                            'to train without a ledger record')
       last_record = ledger_lib.RoundRecord(
-          round_num, c.sampler.sampling_event(), tuple(queries))
+          round_num, c.sampler.sampling_event(round_num), tuple(queries),
+          privacy_queries_lib.find_tree_leaf(metrics['aggregator']))
       with _writing(f'the ledger record of round {round_num}', c.ledger.path):
         c.ledger.append(last_record)   # Durable before any output of the round is released.
       c.accountant.add(last_record)
