@@ -62,11 +62,12 @@ _MAX_TRAIN_CLIENTS = flags.DEFINE_integer(
     'Train on only the first N training clients in the dataset\'s client order (e.g. the 400-'
     'client StackOverflow subset of the AdaDPS federated experiment); unset: all clients.')
 _CLIENT_SAMPLING = flags.DEFINE_enum(
-    'client_sampling', 'poisson', ['poisson', 'fixed_size'],
+    'client_sampling', 'poisson', ['poisson', 'fixed_size', 'shuffled'],
     'How clients are drawn each round. poisson: each client independently with probability '
     'q = clients_per_round / population (what the accountant assumes). fixed_size: exactly '
     'clients_per_round without replacement (accounted with the Poisson formula under '
-    'add/remove, or the without-replacement RDP bound under replace-one).')
+    'add/remove, or the without-replacement RDP bound under replace-one). shuffled: each '
+    'epoch a secret permutation in blocks of clients_per_round (DP-FTRL only).')
 _WEIGHTING = flags.DEFINE_enum(
     'weighting', 'uniform', ['uniform', 'num_examples'],
     'Client weighting in the average. DP requires uniform (each user contributes equally).')
@@ -149,9 +150,16 @@ _SERVER_MOMENTUM = flags.DEFINE_float(
 
 # Differential privacy.
 _DP = flags.DEFINE_enum(
-    'dp', 'adaptive', ['none', 'fixed', 'adaptive', 'per_layer_adaptive', 'joint'],
+    'dp', 'adaptive',
+    ['none', 'fixed', 'adaptive', 'per_layer_adaptive', 'joint', 'ftrl', 'ftrl_adaptive'],
     'DP aggregation: fixed clip, flat adaptive clip (quantile-estimated), per-layer adaptive '
-    'clips, joint clipping with per-vector scales, or none (plain FedAvg).')
+    'clips, joint clipping with per-vector scales, DP-FTRL tree noise with fixed or adaptive '
+    'clip (needs --client_sampling=shuffled), or none (plain FedAvg).')
+_RESTART_WARMUP = flags.DEFINE_integer(
+    'restart_warmup', 128, 'ftrl_adaptive: restart the tree (adopting the clip estimate) '
+    'after this many rounds, ...')
+_RESTART_FREQUENCY = flags.DEFINE_integer(
+    'restart_frequency', 1024, '... then every this many rounds (and after every epoch).')
 _CLIP = flags.DEFINE_float(
     'clip', None, 'L2 clip norm of each client update (the initial clip when adaptive).')
 _NOISE = flags.DEFINE_float(
@@ -299,7 +307,8 @@ def _config():
       dp=_DP.value, clip=_CLIP.value, noise_multiplier=_NOISE.value,
       target_unclipped_quantile=_TARGET_QUANTILE.value, clip_learning_rate=_CLIP_LR.value,
       clip_update_rule=_CLIP_RULE.value, clipped_count_stddev=_CLIPPED_COUNT_STDDEV.value,
-      noise_allocation=_NOISE_ALLOCATION.value, delta=_DELTA.value,
+      noise_allocation=_NOISE_ALLOCATION.value, restart_warmup=_RESTART_WARMUP.value,
+      restart_frequency=_RESTART_FREQUENCY.value, delta=_DELTA.value,
       max_epsilon=_MAX_EPSILON.value, accounting=tuple(_ACCOUNTING.value), pld_every=_PLD_EVERY.value,
       precondition=_PRECONDITION.value, side_info=_SIDE_INFO.value,
       precondition_cap=_PRECOND_CAP.value, precondition_division=_PRECOND_DIVISION.value,

@@ -20,6 +20,7 @@ from tff_dp.aggregators import privacy_queries
 from tff_dp.errors import UserInputError
 from test_aggregators import _dataset
 from test_aggregators import _model_fn
+from test_experiment import data_dir  # noqa: F401  (the fixture: 20 synthetic clients)
 
 REPLACE_SPECIAL = dp_accounting.NeighboringRelation.REPLACE_SPECIAL
 
@@ -428,3 +429,102 @@ def test_tree_calibration_reaches_the_target_with_dp_accounting():
     calibration.calibrate_noise_multiplier(8.0, delta, 10, population_size=100,
                                            clients_per_round=10, mechanism='tree',
                                            method='pld')
+
+
+# ------------------------------------------------------------------ runs (CLI wiring)
+
+
+def _experiment(data_dir, root, name, **overrides):
+  """A DP-FTRL run on 20 synthetic clients, 5 per round (epochs of 4 rounds)."""
+  import csv  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import tasks  # pylint: disable=g-import-not-at-top
+  from tff_dp.training import experiment  # pylint: disable=g-import-not-at-top
+  cfg = dict(root_output_dir=str(root), experiment_name=name, total_rounds=6,
+             clients_per_round=5, dp='ftrl', clip=1.0, noise_multiplier=0.8,
+             client_sampling='shuffled', rounds_per_checkpoint=1, server_momentum=0.9,
+             max_eval_examples=50, accounting=('rdp', 'pld'), seed=3, sampling_seed=5,
+             delta=1e-5)
+  cfg.update(overrides)
+  task = tasks.build_task('stackoverflow_tag', data_dir, client_batch_size=8, shuffle_seed=0,
+                          word_vocab_size=200, tag_vocab_size=30)
+  summary = experiment.run(experiment.ExperimentConfig(**cfg), task, log=lambda s: None)
+  with open(os.path.join(summary['run_dir'], 'metrics.csv'), newline='') as f:
+    rows = list(csv.DictReader(f))
+  records = ledger.read_ledger(os.path.join(summary['run_dir'], 'ledger.jsonl'))
+  return summary, rows, records
+
+
+def test_ftrl_run_records_trees_epochs_and_epsilon(data_dir, tmp_path):
+  import os  # pylint: disable=g-import-not-at-top
+  import stat  # pylint: disable=g-import-not-at-top
+  summary, rows, records = _experiment(data_dir, tmp_path, 'ftrl', sampling_seed=None)
+  assert [r.tree_leaf for r in records] == [1, 2, 3, 4, 1, 2]
+  assert [r.sampling.epoch for r in records] == [1, 1, 1, 1, 2, 2]
+  # The executed per-node multiplier (float32 stddev / clip, as recorded) is what counts.
+  (query,) = records[0].queries
+  z = query.noise_stddev / query.l2_norm_clip
+  assert z == pytest.approx(0.8, rel=1e-6)
+  expected = [_direct_epsilon(z, epochs, 1e-5) for epochs in (
+      [[1]], [[2]], [[3]], [[4]], [[4], [1]], [[4], [2]])]
+  np.testing.assert_allclose([float(r['epsilon_rdp']) for r in rows], expected, rtol=1e-9)
+  assert all(r['epsilon_pld'] == '' for r in rows)   # PLD: not applicable.
+  privacy = summary['privacy']
+  assert privacy['neighboring_relation'] == 'replace_special'
+  assert 'replace-special' in privacy['guarantee'] and 'n/a (PLD)' in privacy['guarantee']
+  key = os.path.join(summary['run_dir'], 'sampling_key.secret')
+  assert stat.S_IMODE(os.stat(key).st_mode) == 0o600
+
+
+def test_ftrl_refuses_poisson_sampling_with_one_line(data_dir, tmp_path):
+  with pytest.raises(UserInputError, match=r'^tree-aggregation noise .* use '
+                     r'`client_sampling=shuffled`\.$'):
+    _experiment(data_dir, tmp_path, 'poisson', client_sampling='poisson')
+  with pytest.raises(UserInputError, match='rounds_per_checkpoint=1'):
+    _experiment(data_dir, tmp_path, 'ckpt', rounds_per_checkpoint=2)
+
+
+@pytest.mark.parametrize('dp', ['ftrl', 'ftrl_adaptive'])
+def test_resume_mid_tree_gives_the_same_model_and_epsilon_curve(dp, data_dir, tmp_path):
+  """Stopped after round 3 (inside the first tree) and resumed to round 6: with noise off the
+  same model as an uninterrupted run, and with noise the same epsilon curve and tree leaves."""
+  for z, compare in ((0.0, 'model'), (0.8, 'epsilon')):
+    # Noise off means the clipped count too (its tree would move the adaptive clip).
+    kw = dict(dp=dp, restart_warmup=2, restart_frequency=3, noise_multiplier=z,
+              clipped_count_stddev=1.0 if z else None)
+    full, full_rows, full_records = _experiment(data_dir, tmp_path, f'full{z}', **kw)
+    _experiment(data_dir, tmp_path, f'part{z}', total_rounds=3, **kw)
+    resumed, rows, records = _experiment(data_dir, tmp_path, f'part{z}', resume=True, **kw)
+    assert [r.tree_leaf for r in records] == [r.tree_leaf for r in full_records]
+    if compare == 'model':
+      for a, b in zip(full['final_state'].global_model_weights.trainable,
+                      resumed['final_state'].global_model_weights.trainable):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+      assert [r['eval_accuracy'] for r in rows] == [r['eval_accuracy'] for r in full_rows]
+    else:
+      # The resumed accountant continued exactly: its column is the replay of its ledger ...
+      replay = [p['epsilon_rdp'] for p in accountant_lib.epsilon_curve(
+          records, 1e-5, ('rdp',), 'replace_special')]
+      assert [float(r['epsilon_rdp']) for r in rows] == replay
+      # ... and the uninterrupted run's curve, up to the float32 rounding of the per-node
+      # multiplier stddev / clip when the (noised) adaptive clips differ between the runs.
+      np.testing.assert_allclose(replay, [float(r['epsilon_rdp']) for r in full_rows],
+                                 rtol=0 if dp == 'ftrl' else 1e-6)
+
+
+def test_command_line_flags_reach_the_checks(tmp_path):
+  """run_experiment.py: the new choices and flags exist, and a refused combination is one
+  `error:` line naming the flag to use (exit code 2)."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  from run_helpers import script  # pylint: disable=g-import-not-at-top
+  from run_helpers import script_env  # pylint: disable=g-import-not-at-top
+  common = ['--clip=1', '--noise_multiplier=1', f'--root_output_dir={tmp_path}']
+  for args, message in (
+      (['--dp=ftrl'], 'use --client_sampling=shuffled.'),
+      (['--dp=ftrl_adaptive', '--client_sampling=shuffled', '--rounds_per_checkpoint=1',
+        '--restart_warmup=3', '--restart_frequency=3'], '--restart_warmup (3) must be smaller'),
+  ):
+    proc = subprocess.run(script('run_experiment.py') + common + args, env=script_env(),
+                          capture_output=True, text=True, timeout=300)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith('error:')]
+    assert proc.returncode == 2 and len(errors) == 1 and message in errors[0], proc.stderr

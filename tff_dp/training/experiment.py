@@ -21,6 +21,7 @@ from tff_dp import ledger as ledger_lib
 from tff_dp import sampling
 from tff_dp.aggregators import non_finite
 from tff_dp.aggregators import privacy_queries as privacy_queries_lib
+from tff_dp.aggregators import tree_aggregation
 from tff_dp.errors import UserInputError
 from tff_dp.training import adadps_setup
 from tff_dp.training import client_data
@@ -31,7 +32,10 @@ from tff_dp.training import optimizers
 from tff_dp.training import run_dir as run_dir_lib
 from tff_dp.training import stop_signal
 
-DP_KINDS = ('none', 'fixed', 'adaptive', 'per_layer_adaptive', 'joint')
+DP_KINDS = ('none',) + aggregators.DP_KINDS
+CLIENT_SAMPLINGS = ('poisson', 'fixed_size', 'shuffled')
+# The shuffled sampler's secret key, kept in the run directory for resume (tff_dp.sampling).
+SAMPLING_KEY_FILE = 'sampling_key.secret'
 # `--loop_implementation` -> TFF's client training loop. dataset_iterator: a Python `for` over
 # the dataset inside the client's tf.function; dataset_reduce (TFF's default): one
 # DatasetReduce op. They run the same steps in the same order (same model, to float rounding).
@@ -61,7 +65,7 @@ class ExperimentConfig:
   total_rounds: int = 20
   clients_per_round: int = 10
   max_train_clients: Optional[int] = None   # Only the first N training clients (a subset).
-  client_sampling: str = 'poisson'          # poisson | fixed_size
+  client_sampling: str = 'poisson'          # poisson | fixed_size | shuffled (DP-FTRL)
   weighting: str = 'uniform'                # uniform | num_examples (non-DP only)
   rounds_per_eval: int = 1
   rounds_per_checkpoint: int = 10
@@ -96,6 +100,8 @@ class ExperimentConfig:
   clip_update_rule: str = 'geometric'
   clipped_count_stddev: Optional[float] = None
   noise_allocation: str = 'proportional'
+  restart_warmup: int = 128                 # ftrl_adaptive: first tree restart (TFF default)
+  restart_frequency: int = 1024             # ftrl_adaptive: then every this many rounds
   delta: Optional[float] = None
   max_epsilon: Optional[float] = None
   accounting: tuple = ('rdp', 'pld')
@@ -157,8 +163,9 @@ class ExperimentConfig:
          f'{self.loop_implementation!r}')
     need(isinstance(self.datasets_on_workers, bool),
          f'`datasets_on_workers` must be true or false, got {self.datasets_on_workers!r}')
-    need(self.client_sampling in ('poisson', 'fixed_size'),
-         f'`client_sampling` must be poisson or fixed_size, got {self.client_sampling!r}')
+    need(self.client_sampling in CLIENT_SAMPLINGS,
+         f'`client_sampling` must be one of {", ".join(CLIENT_SAMPLINGS)}, got '
+         f'{self.client_sampling!r}')
     need(self.client_optimizer in optimizers.OPTIMIZER_NAMES,
          f'`client_optimizer` must be one of {", ".join(optimizers.OPTIMIZER_NAMES)}, got '
          f'{self.client_optimizer!r}')
@@ -172,10 +179,10 @@ class ExperimentConfig:
     need(0 <= self.server_momentum < 1,
          f'`server_momentum` must be in [0, 1), got {self.server_momentum}')
     need(self.dp in DP_KINDS, f'`dp` must be one of {", ".join(DP_KINDS)}, got {self.dp!r}')
-    accounting = tuple(self.accounting)
-    need(bool(accounting) and all(m in ('rdp', 'pld') for m in accounting)
-         and len(set(accounting)) == len(accounting),
-         f'`accounting` must be a non-empty list of rdp, pld, got {",".join(accounting)!r}')
+    methods = tuple(self.accounting)
+    need(bool(methods) and all(m in ('rdp', 'pld') for m in methods)
+         and len(set(methods)) == len(methods),
+         f'`accounting` must be a non-empty list of rdp, pld, got {",".join(methods)!r}')
     need(self.pld_every >= 1, f'`pld_every` must be >= 1, got {self.pld_every}')
     need(0 < self.target_unclipped_quantile < 1,
          f'`target_unclipped_quantile` must be in (0, 1), got {self.target_unclipped_quantile}')
@@ -188,9 +195,17 @@ class ExperimentConfig:
     need(self.noise_allocation in ('proportional', 'dimensionality'),
          f'`noise_allocation` must be proportional or dimensionality, got '
          f'{self.noise_allocation!r}')
+    if self.dp != 'none':
+      accounting.check_analysable(self.client_sampling, self.dp in aggregators.TREE_KINDS)
+    if self.dp in aggregators.TREE_KINDS:
+      need(self.rounds_per_checkpoint == 1,
+           f'`dp={self.dp}` needs `rounds_per_checkpoint=1`: a resume must not re-execute a '
+           'round whose output was released (the tree accounting does not cover it)')
+    if self.dp == 'ftrl_adaptive':
+      tree_aggregation.check_restarts(self.restart_warmup, self.restart_frequency)
     if self.dp == 'none':
       need(self.noise_multiplier in (None, 0.0),
-           '`noise_multiplier` needs DP: set `dp=fixed|adaptive|per_layer_adaptive|joint`')
+           f'`noise_multiplier` needs DP: set `dp={"|".join(aggregators.DP_KINDS)}`')
     else:
       need(self.weighting == 'uniform',
            f'`dp={self.dp}` requires uniform client weighting (`weighting=uniform`): a client '
@@ -281,8 +296,10 @@ def resume_changes(recorded: dict[str, Any], cfg: ExperimentConfig) -> dict[str,
   return changes
 
 
-def build_aggregator(cfg: ExperimentConfig):
-  """The model-update aggregation factory for `cfg.dp` (None = TFF's default mean)."""
+def build_aggregator(cfg: ExperimentConfig, rounds_per_epoch: Optional[int] = None):
+  """The model-update aggregation factory for `cfg.dp` (None = TFF's default mean).
+
+  `rounds_per_epoch`: the tree factories restart after every epoch of the shuffled sampler."""
   if cfg.dp == 'none':
     return None
   kwargs = dict(
@@ -295,10 +312,14 @@ def build_aggregator(cfg: ExperimentConfig):
       clipped_count_stddev=cfg.clipped_count_stddev,
       noise_allocation=cfg.noise_allocation,
   )
+  if cfg.dp in aggregators.TREE_KINDS:
+    kwargs['rounds_per_epoch'] = rounds_per_epoch
+  if cfg.dp == 'ftrl_adaptive':
+    kwargs.update(restart_warmup=cfg.restart_warmup, restart_frequency=cfg.restart_frequency)
   return aggregators.build_dp_aggregator(cfg.dp, **kwargs)
 
 
-def _sampler(cfg: ExperimentConfig, client_ids):
+def _sampler(cfg: ExperimentConfig, client_ids, key_path: str):
   population = len(client_ids)
   if population == 0:
     raise UserInputError('the training data has no clients')
@@ -308,6 +329,13 @@ def _sampler(cfg: ExperimentConfig, client_ids):
   if cfg.client_sampling == 'poisson':
     return sampling.PoissonSampler(client_ids, cfg.clients_per_round / population,
                                    seed=cfg.sampling_seed)
+  if cfg.client_sampling == 'shuffled':
+    key = sampling.load_key(key_path) if cfg.sampling_seed is None else None
+    if key is None and cfg.sampling_seed is None and cfg.resume:
+      raise UserInputError(f'`resume`: {key_path} is missing; without the shuffling key the '
+                           'epochs cannot be continued (clients could participate twice)')
+    return sampling.ShuffledSampler(client_ids, cfg.clients_per_round, seed=cfg.sampling_seed,
+                                    key=key)
   return sampling.FixedSizeSampler(client_ids, cfg.clients_per_round, seed=cfg.sampling_seed)
 
 
@@ -375,7 +403,8 @@ def _build_and_run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSigna
   if cfg.precondition != 'none' and cfg.side_info == 'public_clients':
     # Held-out public/proxy clients (the paper's OOD setting): removed from the private population.
     public_ids, train_ids = train_ids[:cfg.num_public_clients], train_ids[cfg.num_public_clients:]
-  sampler = _sampler(cfg, train_ids)
+  sampler = _sampler(cfg, train_ids, run_dir.file(SAMPLING_KEY_FILE))
+  tree = cfg.dp in aggregators.TREE_KINDS
   delta = cfg.delta if cfg.delta is not None else _default_delta(len(train_ids))
   accountant = None
   if cfg.dp != 'none':
@@ -384,12 +413,14 @@ def _build_and_run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSigna
     # post-hoc `python -m tff_dp.accounting` replays the ledger at the finer default.
     accountant = accounting.LedgerAccountant(
         delta=delta, methods=tuple(cfg.accounting), pld_every=cfg.pld_every,
-        pld_value_discretization_interval=1e-3)
+        pld_value_discretization_interval=1e-3,
+        neighboring_relation=accounting.TREE_RELATION if tree else 'add_remove')
 
   client_optimizer = optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate)
   server_optimizer = optimizers.build_optimizer(
       cfg.server_optimizer, cfg.server_learning_rate, momentum=cfg.server_momentum)
-  aggregator = dp_factory = build_aggregator(cfg)
+  aggregator = dp_factory = build_aggregator(
+      cfg, getattr(sampler, 'rounds_per_epoch', None))
   if cfg.precondition != 'none':
     scales = adadps_setup.scales_for_task(
         task, cfg.side_info, public_client_ids=public_ids, cap=cfg.precondition_cap,
@@ -422,7 +453,7 @@ def _build_and_run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSigna
     planned_queries = first_round_queries(process)
     if not cfg.resume:
       first = accountant.peek_epsilon(ledger_lib.RoundRecord(
-          1, sampler.sampling_event(), planned_queries))
+          1, sampler.sampling_event(1), planned_queries, 1 if tree else None))
       if first > cfg.max_epsilon:
         raise UserInputError(
             f'`max_epsilon={cfg.max_epsilon:g}`: the first round alone would reach epsilon '
@@ -441,6 +472,9 @@ def _build_and_run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSigna
   stop.raise_if_received('during start-up')
 
   run_dir.create()
+  if isinstance(sampler, sampling.ShuffledSampler) and sampler.secret and (
+      sampling.load_key(run_dir.file(SAMPLING_KEY_FILE)) is None):
+    sampling.save_key(run_dir.file(SAMPLING_KEY_FILE), sampler.key)
   run_dir.write_config(dict(dataclasses.asdict(cfg), delta_used=delta,
                             population_size=len(train_ids), task=task.name),
                        changes=changes)
@@ -457,7 +491,8 @@ def _build_and_run(cfg: ExperimentConfig, task, log, stop: stop_signal.StopSigna
       client_dataset_fn=_client_dataset_fn(task),
       evaluator=evaluator, ledger=ledger, accountant=accountant,
       aggregates=aggregates, train_on_aggregate=train_policy, log=log,
-      planned_queries=planned_queries, clip_group_labels=clip_group_labels,
+      planned_queries=planned_queries, planned_tree_leaf=1 if tree else None,
+      clip_group_labels=clip_group_labels,
       check_client_fn=lambda ds: client_data.check_client_dataset(ds, max_index),
       client_value_fn=client_id_argument if cfg.datasets_on_workers else None)
   loop_config = loop.LoopConfig(
