@@ -19,7 +19,13 @@ DP_KINDS = {
     'adaptive': 'flat clip adapted to a target quantile of update norms',
     'per_layer_adaptive': 'one adaptive clip per layer',
     'joint': 'joint clipping with adaptive per-vector scales',
+    'ftrl': 'DP-FTRL: tree-aggregation noise, fixed clip (needs `client_sampling=shuffled`)',
+    'ftrl_adaptive': 'DP-FTRL with a quantile-adapted clip, adopted at tree restarts (needs '
+                     '`client_sampling=shuffled`)',
 }
+# The DP kinds whose noise is tree aggregation (DP-FTRL): accounted per epoch of shuffled
+# participation under replace-special neighbouring (tff_dp.accounting).
+TREE_DP_KINDS = ('ftrl', 'ftrl_adaptive')
 
 # `client_sampling`: how each round's clients are drawn (`tff_dp.sampling`).
 CLIENT_SAMPLERS = {
@@ -28,6 +34,8 @@ CLIENT_SAMPLERS = {
     'fixed_size': 'exactly clients_per_round without replacement (accounted with the Poisson '
                   'formula under add/remove, or the without-replacement RDP bound under '
                   'replace-one)',
+    'shuffled': 'each epoch a fresh secret permutation of the population, cut into consecutive '
+                'blocks of clients_per_round (DP-FTRL: at most one participation per epoch)',
 }
 
 # `weighting`: client weights in the average.

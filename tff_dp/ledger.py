@@ -42,7 +42,7 @@ from tff_dp import errors
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMA_VERSIONS = (1, 2)
-SAMPLING_KINDS = ('poisson', 'fixed_size')
+SAMPLING_KINDS = ('poisson', 'fixed_size', 'shuffled')
 
 
 class LedgerError(errors.UserInputError):
@@ -93,11 +93,15 @@ class SamplingEvent:
   kind='poisson': each of `population_size` clients independently with `probability`
   (`sample_size` must be None). kind='fixed_size': a uniformly random subset of exactly
   `sample_size` clients without replacement (`probability` must be None).
+  kind='shuffled': the next block of `sample_size` clients of epoch `epoch`'s secret
+  permutation of the population (each client at most once per epoch; `probability` None).
+  `epoch` is set for shuffled events only (and only then written to JSON).
   """
   kind: str
   population_size: int
   probability: Optional[float] = None
   sample_size: Optional[int] = None
+  epoch: Optional[int] = None
 
   def __post_init__(self):
     if self.kind not in SAMPLING_KINDS:
@@ -113,15 +117,22 @@ class SamplingEvent:
       object.__setattr__(self, 'probability', q)
     else:
       if self.sample_size is None or self.probability is not None:
-        raise LedgerError('A fixed_size SamplingEvent needs sample_size and no probability.')
+        raise LedgerError(f'A {self.kind} SamplingEvent needs sample_size and no probability.')
       m = _as_int(self.sample_size, 'SamplingEvent.sample_size', 1)
       if m > n:
         raise LedgerError(
             f'SamplingEvent.sample_size ({m}) exceeds population_size ({n}).')
       object.__setattr__(self, 'sample_size', m)
+    if self.kind == 'shuffled':
+      object.__setattr__(self, 'epoch', _as_int(self.epoch, 'SamplingEvent.epoch', 1))
+    elif self.epoch is not None:
+      raise LedgerError(f'A {self.kind} SamplingEvent has no epoch, got {self.epoch!r}.')
 
   def to_json(self) -> dict:
-    return dataclasses.asdict(self)
+    out = dataclasses.asdict(self)
+    if self.kind != 'shuffled':
+      del out['epoch']   # Lines written before shuffled sampling existed stay the same.
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,13 +160,21 @@ class GaussianSumQuery:
 
 @dataclasses.dataclass(frozen=True)
 class RoundRecord:
-  """One sampling event plus the Gaussian sum queries run on that sample."""
+  """One sampling event plus the Gaussian sum queries run on that sample.
+
+  `tree_leaf` (tree-aggregation noise, DP-FTRL): the round's 1-based position in its noise
+  tree (1: the round starts a new tree). The queries' `noise_stddev` is then the stddev of the
+  noise of each tree node. None (not written to JSON) for independent Gaussian noise.
+  """
   round_num: int
   sampling: SamplingEvent
   queries: Tuple[GaussianSumQuery, ...]
+  tree_leaf: Optional[int] = None
 
   def __post_init__(self):
     object.__setattr__(self, 'round_num', _as_int(self.round_num, 'RoundRecord.round_num', 0))
+    if self.tree_leaf is not None:
+      object.__setattr__(self, 'tree_leaf', _as_int(self.tree_leaf, 'RoundRecord.tree_leaf', 1))
     if not isinstance(self.sampling, SamplingEvent):
       raise LedgerError(f'RoundRecord.sampling must be a SamplingEvent, got {self.sampling!r}.')
     queries = tuple(self.queries)
@@ -165,22 +184,31 @@ class RoundRecord:
     object.__setattr__(self, 'queries', queries)
 
   def to_json(self) -> dict:
-    return {
+    out = {
         'round_num': self.round_num,
         'sampling': self.sampling.to_json(),
         'queries': [q.to_json() for q in self.queries],
     }
+    if self.tree_leaf is not None:
+      out['tree_leaf'] = self.tree_leaf
+    return out
 
   @classmethod
   def from_json(cls, obj: Any) -> 'RoundRecord':
     """Strict inverse of `to_json`: exact key sets, JSON types, then value validation."""
-    _check_keys(obj, {'round_num', 'sampling', 'queries'}, 'record')
+    tree = isinstance(obj, dict) and 'tree_leaf' in obj
+    _check_keys(obj, {'round_num', 'sampling', 'queries'} | ({'tree_leaf'} if tree else set()),
+                'record')
     s = obj['sampling']
-    _check_keys(s, {'kind', 'population_size', 'probability', 'sample_size'}, 'sampling')
+    shuffled = isinstance(s, dict) and s.get('kind') == 'shuffled'
+    _check_keys(s, {'kind', 'population_size', 'probability', 'sample_size'}
+                | ({'epoch'} if shuffled else set()), 'sampling')
     if not isinstance(obj['queries'], list):
       raise LedgerError('record.queries must be a list.')
-    for name, v in (('round_num', obj['round_num']),
-                    ('population_size', s['population_size'])):
+    integers = [('round_num', obj['round_num']), ('population_size', s['population_size'])]
+    integers += [('tree_leaf', obj['tree_leaf'])] if tree else []
+    integers += [('epoch', s['epoch'])] if shuffled else []
+    for name, v in integers:
       if not isinstance(v, int) or isinstance(v, bool):
         raise LedgerError(f'{name} must be a JSON integer, got {v!r}.')
     if s['sample_size'] is not None and (
@@ -194,7 +222,7 @@ class RoundRecord:
       _check_json_number(q['l2_norm_clip'], 'l2_norm_clip')
       _check_json_number(q['noise_stddev'], 'noise_stddev')
       queries.append(GaussianSumQuery(q['name'], q['l2_norm_clip'], q['noise_stddev']))
-    return cls(obj['round_num'], SamplingEvent(**s), tuple(queries))
+    return cls(obj['round_num'], SamplingEvent(**s), tuple(queries), obj.get('tree_leaf'))
 
 
 def _check_keys(obj: Any, keys: set, what: str) -> None:

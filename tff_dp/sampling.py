@@ -20,10 +20,18 @@ Accounting each sampler maps to (see `tff_dp.accounting.accountant`):
     (RDP only, exact); under add/remove it is approximated as Poisson with q = m / N, the
     common DP-FedAvg practice (not a proven bound; prefer PoissonSampler for a rigorous
     add/remove guarantee).
+  * `ShuffledSampler` (each epoch a fresh secret permutation, consecutive blocks) -> tree
+    aggregation (DP-FTRL) only: `SingleEpochTreeAggregationDpEvent` per epoch under
+    replace-special, which needs each client at most once per epoch and no amplification.
+    Unlike the others it must draw the same permutation again when a resumed run re-executes
+    rounds of an epoch (or clients would participate twice in it), so its randomness is a
+    secret key (32 bytes from the OS unless seeded) that a run keeps beside its checkpoints.
 """
 
+import hashlib
 import operator
 import os
+import struct
 from typing import Hashable, List, Optional, Sequence
 
 import numpy as np
@@ -54,6 +62,18 @@ def _non_negative_int(value, name: str) -> int:
 
 def _check_seed(seed) -> Optional[int]:
   return None if seed is None else _non_negative_int(seed, 'seed')
+
+
+def _check_sample_size(sample_size, population: int) -> int:
+  try:
+    m = operator.index(sample_size)
+  except TypeError:
+    raise errors.UserInputError(f'sample_size must be an integer, got {sample_size!r}.') \
+        from None
+  if not 1 <= m <= population:
+    raise errors.UserInputError(
+        f'sample_size must be in [1, {population}] (the population), got {m}.')
+  return int(m)
 
 
 class _SecretRandomness:
@@ -135,7 +155,8 @@ class PoissonSampler(_Sampler):
   def _draw(self, randomness) -> np.ndarray:
     return np.flatnonzero(randomness.uniform(len(self.client_ids)) < self.probability)
 
-  def sampling_event(self) -> ledger.SamplingEvent:
+  def sampling_event(self, round_num: Optional[int] = None) -> ledger.SamplingEvent:
+    del round_num   # The same every round.
     return ledger.SamplingEvent(kind='poisson', population_size=len(self.client_ids),
                                 probability=self.probability)
 
@@ -146,15 +167,7 @@ class FixedSizeSampler(_Sampler):
   def __init__(self, client_ids: Sequence[Hashable], sample_size: int,
                seed: Optional[int] = None):
     super().__init__(client_ids, seed)
-    try:
-      m = operator.index(sample_size)
-    except TypeError:
-      raise errors.UserInputError(f'sample_size must be an integer, got {sample_size!r}.') \
-          from None
-    if not 1 <= m <= len(self.client_ids):
-      raise errors.UserInputError(
-          f'sample_size must be in [1, {len(self.client_ids)}] (the population), got {m}.')
-    self.sample_size = int(m)
+    self.sample_size = _check_sample_size(sample_size, len(self.client_ids))
 
   @property
   def expected_clients_per_round(self) -> float:
@@ -163,25 +176,135 @@ class FixedSizeSampler(_Sampler):
   def _draw(self, randomness) -> np.ndarray:
     return randomness.choice(len(self.client_ids), self.sample_size)
 
-  def sampling_event(self) -> ledger.SamplingEvent:
+  def sampling_event(self, round_num: Optional[int] = None) -> ledger.SamplingEvent:
+    del round_num   # The same every round.
     return ledger.SamplingEvent(kind='fixed_size', population_size=len(self.client_ids),
                                 sample_size=self.sample_size)
+
+
+KEY_BYTES = 32
+
+
+def rounds_per_epoch(population_size: int, sample_size: int) -> int:
+  """Rounds in an epoch of shuffled participation: N // m (the N mod m last clients of each
+  epoch's permutation sit it out)."""
+  return population_size // sample_size
+
+
+class ShuffledSampler:
+  """Epoch e is a permutation of the population; its rounds take consecutive blocks of it.
+
+  With N clients and `sample_size` m an epoch has `rounds_per_epoch` = N // m rounds; round r
+  (1-based) is in epoch (r - 1) // (N // m) + 1 and takes block (r - 1) % (N // m) of that
+  epoch's permutation (the N mod m clients at its end sit the epoch out). So every client
+  participates at most once per epoch, which the tree-aggregation accountant requires.
+
+  Epoch e's permutation sorts the clients by keyed BLAKE2b values of (e, position), a
+  pseudorandom function of the secret `key`: nobody without the key can predict an epoch's
+  blocks from others (numpy's generators would be predictable from their outputs), and the
+  same key gives the same permutation after a resume. `key` None draws 32 bytes from the OS
+  (`secret` is then True; persist `key` to resume); an integer `seed` derives the key from it
+  (reproducible, not secret from whoever holds the seed).
+  """
+
+  def __init__(self, client_ids: Sequence[Hashable], sample_size: int,
+               seed: Optional[int] = None, key: Optional[bytes] = None):
+    self.client_ids = _check_population(client_ids)
+    self.sample_size = _check_sample_size(sample_size, len(self.client_ids))
+    self.seed = _check_seed(seed)
+    if self.seed is not None and key is not None:
+      raise errors.UserInputError('give a sampling seed or a key, not both.')
+    if self.seed is not None:
+      key = hashlib.sha256(b'tff_dp.sampling.ShuffledSampler seed %d' % self.seed).digest()
+    elif key is None:
+      key = os.urandom(KEY_BYTES)
+    if not isinstance(key, bytes) or len(key) != KEY_BYTES:
+      raise errors.UserInputError(f'the shuffling key must be {KEY_BYTES} bytes.')
+    self.key = key
+    self.rounds_per_epoch = rounds_per_epoch(len(self.client_ids), self.sample_size)
+    self._epoch: Optional[int] = None
+    self._permutation: Optional[np.ndarray] = None
+
+  @property
+  def secret(self) -> bool:
+    return self.seed is None
+
+  @property
+  def expected_clients_per_round(self) -> float:
+    return float(self.sample_size)
+
+  def epoch(self, round_num: int) -> int:
+    """The 1-based epoch of 1-based round `round_num`."""
+    round_num = _non_negative_int(round_num, 'round_num')
+    if round_num < 1:
+      raise errors.UserInputError(f'round_num must be >= 1, got {round_num}.')
+    return (round_num - 1) // self.rounds_per_epoch + 1
+
+  def permutation(self, epoch: int) -> np.ndarray:
+    """Epoch `epoch`'s order of the population (indices into `client_ids`)."""
+    if epoch != self._epoch:
+      n = len(self.client_ids)
+      stream = b''.join(
+          hashlib.blake2b(struct.pack('>QQ', epoch, j), key=self.key, digest_size=64).digest()
+          for j in range(-(-n // 8)))
+      values = np.frombuffer(stream, dtype='>u8')[:n]
+      self._epoch, self._permutation = epoch, np.argsort(values, kind='stable')
+    return self._permutation
+
+  def sample(self, round_num: int) -> list:
+    """The clients of `round_num`, in population order."""
+    epoch = self.epoch(round_num)
+    block = (round_num - 1) % self.rounds_per_epoch
+    m = self.sample_size
+    idx = np.sort(self.permutation(epoch)[block * m:(block + 1) * m])
+    return [self.client_ids[i] for i in idx]
+
+  def sampling_event(self, round_num: int) -> ledger.SamplingEvent:
+    return ledger.SamplingEvent(kind='shuffled', population_size=len(self.client_ids),
+                                sample_size=self.sample_size, epoch=self.epoch(round_num))
+
+
+def load_key(path: str) -> Optional[bytes]:
+  """The shuffling key stored at `path` (None if there is none yet)."""
+  try:
+    with open(path, 'rb') as f:
+      key = f.read()
+  except FileNotFoundError:
+    return None
+  if len(key) != KEY_BYTES:
+    raise errors.UserInputError(f'{path} is not a shuffling key ({len(key)} bytes, expected '
+                                f'{KEY_BYTES}); it was damaged, and without it the run cannot '
+                                'resume its epochs.')
+  return key
+
+
+def save_key(path: str, key: bytes) -> None:
+  """Stores the shuffling key at `path`, readable by its owner only, durably (a resume needs
+  it: a new key mid-epoch would let clients participate twice in the epoch)."""
+  fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+  try:
+    os.write(fd, key)
+    os.fsync(fd)
+  finally:
+    os.close(fd)
 
 
 # `client_sampling` -> the sampler of `clients_per_round` clients (its expected number for
 # Poisson) from a population (`build_sampler`).
 _SAMPLERS = {
-    'poisson': lambda ids, m, seed: PoissonSampler(ids, m / len(ids), seed=seed),
-    'fixed_size': lambda ids, m, seed: FixedSizeSampler(ids, m, seed=seed),
+    'poisson': lambda ids, m, seed, key: PoissonSampler(ids, m / len(ids), seed=seed),
+    'fixed_size': lambda ids, m, seed, key: FixedSizeSampler(ids, m, seed=seed),
+    'shuffled': lambda ids, m, seed, key: ShuffledSampler(ids, m, seed=seed, key=key),
 }
 choices.check_implemented(choices.CLIENT_SAMPLERS, _SAMPLERS, 'tff_dp.sampling')
 
 
 def build_sampler(kind: str, client_ids: Sequence[Hashable], clients_per_round: int,
-                  seed: Optional[int] = None) -> _Sampler:
-  """The `kind` sampler (a `choices.CLIENT_SAMPLERS` name) of `clients_per_round` clients."""
+                  seed: Optional[int] = None, key: Optional[bytes] = None) -> _Sampler:
+  """The `kind` sampler (a `choices.CLIENT_SAMPLERS` name) of `clients_per_round` clients;
+  `key`: the shuffled sampler's secret key (None: a new one, unless `seed` is given)."""
   if kind not in _SAMPLERS:
     raise errors.UserInputError(f'`client_sampling` must be one of '
                                 f'{choices.one_of(_SAMPLERS)}, got {kind!r}')
   ids = _check_population(client_ids)
-  return _SAMPLERS[kind](ids, clients_per_round, seed)
+  return _SAMPLERS[kind](ids, clients_per_round, seed, key)

@@ -3,7 +3,9 @@
 `python -m tff_dp.accounting --help` for the command line.
 """
 
+from tff_dp.accounting.accountant import check_analysable
 from tff_dp.accounting.accountant import collapsed_dp_event
+from tff_dp.accounting.accountant import TREE_RELATION
 from tff_dp.noise_budget import effective_noise_multiplier
 from tff_dp.accounting.accountant import epsilon_curve
 from tff_dp.accounting.accountant import LedgerAccountant

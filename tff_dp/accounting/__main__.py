@@ -6,6 +6,10 @@ r"""CLI: epsilon curve of a ledger, or noise calibration.
   python -m tff_dp.accounting --target_epsilon 5 --rounds 1500 --clients_per_round 100 \
       --population 342477 [--clipped_count_stddev 5] --delta 1e-6
       prints the effective noise multiplier z and the update-query multiplier.
+  python -m tff_dp.accounting --target_epsilon 8.2 --mechanism=tree --rounds 1600 \
+      --clients_per_round 100 --population 342477 --delta 1e-6
+      calibrates the per-node multiplier of tree aggregation (DP-FTRL, shuffled participation,
+      replace-special neighbouring; RDP only).
 
 Bad input: one line on stderr, exit code 2. That includes a --ledger that is missing, a
 directory, or not a valid ledger (a truncated or edited line, or a deleted, duplicated or
@@ -26,10 +30,16 @@ flags.DEFINE_string('ledger', None, 'Path of a ledger.jsonl to replay (curve mod
 flags.DEFINE_float('delta', None, 'Target delta, in (0, 1). Required.', flag_values=FLAGS)
 flags.DEFINE_enum('method', 'both', ['rdp', 'pld', 'both'],
                   'Accountant(s) to use. Calibration uses rdp when "both".', flag_values=FLAGS)
-flags.DEFINE_enum('neighboring', 'add_remove', ['add_remove', 'replace_one'],
+flags.DEFINE_enum('neighboring', None, ['add_remove', 'replace_one', 'replace_special'],
                   'Neighbouring relation. add_remove: Poisson exact, fixed-size approximated '
-                  'as Poisson(m/N). replace_one: fixed-size sampling only, RDP only.',
+                  'as Poisson(m/N). replace_one: fixed-size sampling only, RDP only. '
+                  'replace_special: tree aggregation (DP-FTRL) only, RDP only. Default: '
+                  'replace_special for tree ledgers and --mechanism=tree, else add_remove.',
                   flag_values=FLAGS)
+flags.DEFINE_enum('mechanism', 'gaussian', ['gaussian', 'tree'],
+                  'Calibration mode: gaussian (DP-FedAvg: independent noise each round) or '
+                  'tree (DP-FTRL: tree-aggregation noise over epochs of shuffled '
+                  'participation, N // m rounds each).', flag_values=FLAGS)
 flags.DEFINE_integer('pld_every', None, 'Curve mode: compute PLD every this many records '
                      '(default: about 20 points). Each PLD evaluation costs ~0.1-1 s.',
                      flag_values=FLAGS)
@@ -62,7 +72,8 @@ def _curve() -> None:
     print(f'\raccounted {done}/{total} rounds', end='' if done < total else '\n',
           file=sys.stderr, flush=True)
 
-  curve = accountant.epsilon_curve(records, FLAGS.delta, methods, FLAGS.neighboring,
+  relation = FLAGS.neighboring or accountant.default_relation(records)
+  curve = accountant.epsilon_curve(records, FLAGS.delta, methods, relation,
                                    pld_every=FLAGS.pld_every,
                                    progress=progress if sys.stderr.isatty() else None)
   out = ['round,epsilon_rdp,epsilon_pld']
@@ -79,7 +90,7 @@ def _calibrate() -> None:
       FLAGS.target_epsilon, FLAGS.delta, FLAGS.rounds,
       population_size=FLAGS.population, clients_per_round=FLAGS.clients_per_round,
       clipped_count_stddev=FLAGS.clipped_count_stddev, sampling=FLAGS.sampling,
-      neighboring_relation=FLAGS.neighboring,
+      neighboring_relation=FLAGS.neighboring, mechanism=FLAGS.mechanism,
       method='rdp' if FLAGS.method == 'both' else FLAGS.method)
   print(f'noise_multiplier={result.noise_multiplier!r}')
   print(f'update_noise_multiplier={result.update_noise_multiplier!r}')

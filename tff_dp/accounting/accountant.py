@@ -20,6 +20,24 @@ Neighbouring relations and sampling:
         dp_accounting's PLD accountant does not support this event).
       - poisson records are rejected (dp_accounting has no Poisson analysis for replace-one).
 
+Tree aggregation (DP-FTRL; records with `tree_leaf`, shuffled participation), neighbouring
+relation 'replace_special' (Kairouz et al. 2021, Definition 1.1: one client's data replaced by
+a special record that contributes nothing, so a tree node moves by at most its clip):
+  * each round's per-node multiplier is z = sigma / S per tree, combined over the round's
+    trees (update and clipped count share the tree positions) by Eq. (1);
+  * within an epoch every client is in at most one round, hence in at most one tree; a tree
+    never spans two epochs (refused: the factories restart at epoch boundaries). A client's
+    privacy loss in the epoch is that of the one tree holding it: the epoch's RDP is the
+    largest over its trees of dp_accounting's `SingleEpochTreeAggregationDpEvent(z_tree,
+    steps_so_far)` (z_tree the smallest z of the tree's rounds), which for equal z is exactly
+    `SingleEpochTreeAggregationDpEvent(z, [steps of each tree])` (depth of the largest tree);
+  * epochs compose: RDP adds over epochs (the per-epoch events composed, as dp_accounting's
+    docstring prescribes for records in several trees);
+  * PLD: dp_accounting has no PLD for this event, so `epsilon_pld` is None ('n/a'), never a
+    number computed for another mechanism;
+  * a round recorded twice (a resume re-executed a round whose output was released) is
+    refused: the re-execution reuses the tree's noise state, which no accounting here covers.
+
 Implementation notes (why some logic is ours rather than dp_accounting's):
   * We compute z_eff ourselves (with explicit float casts) instead of relying on
     dp_accounting's `_effective_gaussian_noise_multiplier`, which silently ignores
@@ -70,7 +88,10 @@ NeighboringRelation = dp_accounting.NeighboringRelation
 NEIGHBORING_RELATIONS = {
     'add_remove': NeighboringRelation.ADD_OR_REMOVE_ONE,
     'replace_one': NeighboringRelation.REPLACE_ONE,
+    'replace_special': NeighboringRelation.REPLACE_SPECIAL,
 }
+# The relation tree-aggregation (DP-FTRL) ledgers are accounted under, and the only one.
+TREE_RELATION = 'replace_special'
 METHODS = tuple(choices.ACCOUNTANTS)
 # PLD composes queued events whose z_eff agree to this many significant digits as one group.
 PLD_GROUP_DIGITS = 6
@@ -108,6 +129,27 @@ def check_delta(delta) -> float:
   return delta
 
 
+def default_relation(records: Sequence[ledger.RoundRecord]) -> str:
+  """The relation a ledger is accounted under by default: TREE_RELATION for tree-aggregation
+  ledgers (the only one they support), 'add_remove' otherwise."""
+  return TREE_RELATION if any(r.tree_leaf is not None for r in records) else 'add_remove'
+
+
+def check_analysable(sampling_kind: str, tree: bool) -> None:
+  """UserInputError (one line saying what to use) for a sampling the accountant cannot
+  analyse with this noise: tree noise needs shuffled participation, and shuffled
+  participation is analysed for tree noise only."""
+  if tree and sampling_kind != 'shuffled':
+    raise errors.UserInputError(
+        f'tree-aggregation noise (DP-FTRL) cannot be accounted with {sampling_kind} sampling '
+        '(a client could be in several rounds of one tree); use `client_sampling=shuffled`.')
+  if not tree and sampling_kind == 'shuffled':
+    raise errors.UserInputError(
+        'shuffled participation is accounted for tree-aggregation noise only (no '
+        'amplification analysis for independent Gaussian noise); use `dp=ftrl` or '
+        '`dp=ftrl_adaptive`, or `client_sampling=poisson`.')
+
+
 def _gaussian_noise_multipliers(record: ledger.RoundRecord,
                                 neighboring_relation: str) -> Optional[List[float]]:
   """Per-query sigma_g / Delta_g as Python floats; None if some query is non-private.
@@ -129,6 +171,11 @@ def _gaussian_noise_multipliers(record: ledger.RoundRecord,
 def _wrap_sampling(record: ledger.RoundRecord, neighboring_relation: str,
                    inner: dp_accounting.DpEvent) -> dp_accounting.DpEvent:
   s = record.sampling
+  check_analysable(s.kind, tree=False)
+  if neighboring_relation == TREE_RELATION:
+    raise errors.UserInputError(
+        f'Round {record.round_num} adds independent Gaussian noise; neighboring relation '
+        f'{TREE_RELATION} is for tree-aggregation (DP-FTRL) ledgers; use add_remove.')
   if neighboring_relation == 'add_remove':
     if s.kind == 'poisson':
       q = float(s.probability)
@@ -243,6 +290,7 @@ class LedgerAccountant:
     # commutative, so a group is composed once with `count` (see the module docstring).
     self._pld_queue: Dict[dp_accounting.DpEvent, list] = {}
     self._num_records = 0
+    self._tree: Optional[_TreeAccount] = None   # Set by the first tree record.
 
   @property
   def num_records(self) -> int:
@@ -258,6 +306,8 @@ class LedgerAccountant:
     """Running RDP vector at `orders` (inf if a non-private round was added)."""
     if self._non_private:
       return np.full(len(self._orders), np.inf)
+    if self._tree is not None:
+      return self._tree.rdp()
     if self._rdp is None:
       return np.zeros(len(self._orders))
     return self._rdp.copy()
@@ -266,6 +316,14 @@ class LedgerAccountant:
     """Composes one round. Raises UserInputError if a method cannot analyse it."""
     if not isinstance(record, ledger.RoundRecord):
       raise errors.UserInputError(f'add expects a RoundRecord, got {type(record).__name__}.')
+    if record.tree_leaf is not None:
+      self._add_tree_record(record)
+      self._num_records += 1
+      return
+    if self._tree is not None:
+      raise errors.UserInputError(f'Round {record.round_num} adds independent Gaussian noise '
+                                  'to a ledger of tree-aggregation rounds; one ledger holds '
+                                  'one mechanism.')
     event = collapsed_dp_event(record, self.neighboring_relation)
     if isinstance(event, dp_accounting.NonPrivateDpEvent):
       self._non_private = True
@@ -286,6 +344,25 @@ class LedgerAccountant:
         group[0] = min(group[0], z)
         group[1] += 1
     self._num_records += 1
+
+  def _add_tree_record(self, record: ledger.RoundRecord) -> None:
+    check_analysable(record.sampling.kind, tree=True)
+    if self.neighboring_relation != TREE_RELATION:
+      raise errors.UserInputError(
+          f'Round {record.round_num} is tree aggregation (DP-FTRL), accounted under '
+          f'neighboring relation {TREE_RELATION} only; use {TREE_RELATION}.')
+    if self._num_records and self._tree is None:
+      raise errors.UserInputError(f'Round {record.round_num} is tree aggregation in a ledger '
+                                  'of Gaussian rounds; one ledger holds one mechanism.')
+    if self._tree is None:
+      self._tree = _TreeAccount(self._orders)
+    multipliers = _gaussian_noise_multipliers(record, TREE_RELATION)
+    if multipliers is None:
+      self._non_private = True
+      z = 0.0
+    else:
+      z = noise_budget.effective_noise_multiplier(multipliers) if multipliers else math.inf
+    self._tree.add(record, z)
 
   def _per_round_rdp(self, event: dp_accounting.DpEvent,
                      record: ledger.RoundRecord) -> np.ndarray:
@@ -312,14 +389,17 @@ class LedgerAccountant:
       raise errors.UserInputError("RDP was not requested (methods lacks 'rdp').")
     if self._non_private:
       return math.inf
-    if self._rdp is None:
+    rdp = self._tree.rdp() if self._tree is not None else self._rdp
+    if rdp is None or not rdp.any():
       return 0.0
-    return float(rdp_privacy_accountant.compute_epsilon(self._orders, self._rdp,
-                                                        self.delta)[0])
+    return float(rdp_privacy_accountant.compute_epsilon(self._orders, rdp, self.delta)[0])
 
-  def epsilon_pld(self) -> float:
+  def epsilon_pld(self) -> Optional[float]:
+    """PLD epsilon; None (not applicable) for tree-aggregation ledgers."""
     if 'pld' not in self.methods:
       raise errors.UserInputError("PLD was not requested (methods lacks 'pld').")
+    if self._tree is not None:
+      return None
     for key, (z, count) in self._pld_queue.items():
       self._pld_accountant.compose(_with_noise_multiplier(key, z), count)
     self._pld_queue = {}
@@ -353,13 +433,80 @@ class LedgerAccountant:
       trial._rdp_cache = self._rdp_cache
       trial._rdp = None if self._rdp is None else self._rdp.copy()
       trial._non_private = self._non_private
+      trial._tree = copy.deepcopy(self._tree)
+      trial._num_records = self._num_records
       # pylint: enable=protected-access
       trial.add(record)
       return trial.epsilon_rdp()
+    if record.tree_leaf is not None:
+      raise errors.UserInputError('PLD cannot analyse tree aggregation (DP-FTRL); use RDP.')
     self.epsilon_pld()  # Flush the queue so the copy is small to build.
     trial = copy.deepcopy(self)
     trial.add(record)
     return trial.epsilon_pld()
+
+class _TreeAccount:
+  """RDP of a tree-aggregation ledger so far (see the module docstring): closed epochs plus
+  the current epoch's largest per-tree RDP."""
+
+  def __init__(self, orders: Sequence[float]):
+    self._orders = tuple(orders)
+    self._closed = np.zeros(len(self._orders))   # Sum over finished epochs.
+    self._epoch = None
+    self._done_max = np.zeros(len(self._orders))  # Max over the epoch's finished trees.
+    self._tree_z = None       # Current tree: smallest z of its rounds, and its steps.
+    self._tree_steps = 0
+    self._last_round = 0
+    self._cache: Dict[Tuple[float, int], np.ndarray] = {}
+
+  def _tree_rdp(self, z: float, steps: int) -> np.ndarray:
+    if z == math.inf:   # No query touched the data.
+      return np.zeros(len(self._orders))
+    key = (z, steps)
+    if key not in self._cache:
+      if len(self._cache) > 64:   # Steps grow every round: old entries are not asked again.
+        self._cache.clear()
+      acc = dp_accounting.rdp.RdpAccountant(self._orders, NeighboringRelation.REPLACE_SPECIAL)
+      event = dp_accounting.SingleEpochTreeAggregationDpEvent(float(z), int(steps))
+      self._cache[key] = acc.compose(event).rdp
+    return self._cache[key]
+
+  def add(self, record: ledger.RoundRecord, z: float) -> None:
+    r, leaf, epoch = record.round_num, record.tree_leaf, record.sampling.epoch
+    if r != self._last_round + 1:
+      raise errors.UserInputError(
+          f'Round {r} follows round {self._last_round} in a tree-aggregation ledger: a resume '
+          're-executed a round whose output was already released, which the tree accounting '
+          'does not cover (checkpoint DP-FTRL runs every round: `rounds_per_checkpoint=1`).')
+    if leaf == 1:
+      if self._tree_z is not None:
+        self._done_max = np.maximum(self._done_max,
+                                    self._tree_rdp(self._tree_z, self._tree_steps))
+      self._tree_z, self._tree_steps = z, 1
+    else:
+      if epoch != self._epoch:
+        raise errors.UserInputError(
+            f'Round {r} continues a noise tree from epoch {self._epoch} into epoch {epoch}: a '
+            'client could be in that tree twice; the tree must restart at every epoch '
+            '(the tree factories do with `rounds_per_epoch`).')
+      if leaf != self._tree_steps + 1:
+        raise errors.UserInputError(f'Round {r} is leaf {leaf} of a tree whose previous round '
+                                    f'was leaf {self._tree_steps}; the ledger is inconsistent.')
+      self._tree_z, self._tree_steps = min(self._tree_z, z), leaf
+    if epoch != self._epoch:
+      if self._epoch is not None and epoch < self._epoch:
+        raise errors.UserInputError(f'Round {r} is in epoch {epoch} after epoch {self._epoch}.')
+      self._closed = self._closed + self._done_max
+      self._done_max = np.zeros(len(self._orders))
+      self._epoch = epoch
+    self._last_round = r
+
+  def rdp(self) -> np.ndarray:
+    current = self._done_max
+    if self._tree_z is not None:
+      current = np.maximum(current, self._tree_rdp(self._tree_z, self._tree_steps))
+    return self._closed + current
+
 
 def epsilon_curve(records: Sequence[ledger.RoundRecord], delta: float,
                   methods: Sequence[str] = METHODS,

@@ -11,6 +11,14 @@ Andrew 2018) to all queries of a round; it is what TFF's `gaussian_adaptive` /
 (TFF `differential_privacy.adaptive_clip_noise_params`), which needs z < 2 sigma_b.
 The search is dp_accounting's `calibrate_dp_mechanism` (Brent's method) on an explicit
 bracket we find first, on the same per-round event the ledger accountant composes.
+
+`mechanism='tree'` (DP-FTRL, shuffled participation, replace-special neighbouring): z is the
+per-node multiplier of the tree noise; the event is one `SingleEpochTreeAggregationDpEvent(z,
+steps)` per epoch of `sampling.rounds_per_epoch(N, m)` rounds (the last one partial), composed,
+as the ledger accountant composes the executed rounds when the tree restarts only at epoch
+boundaries. Restarts inside an epoch (ftrl_adaptive's warm-up and frequency) make smaller trees
+and can only lower epsilon, so the z calibrated here is valid for them too (slightly
+conservative when they shorten the epoch's largest tree below its depth).
 """
 
 import dataclasses
@@ -22,7 +30,10 @@ import dp_accounting
 from tff_dp import errors
 from tff_dp import ledger
 from tff_dp import noise_budget
+from tff_dp import sampling as sampling_lib
 from tff_dp.accounting import accountant
+
+MECHANISMS = ('gaussian', 'tree')
 
 _Z_MIN, _Z_MAX = 1e-3, 1e3  # Outside this range the setting is useless in practice.
 
@@ -85,14 +96,18 @@ def calibrate_noise_multiplier(
     clients_per_round: Optional[int] = None,
     clipped_count_stddev: Optional[float] = None,
     sampling: str = 'poisson',
-    neighboring_relation: str = 'add_remove',
+    neighboring_relation: Optional[str] = None,
     method: str = 'rdp',
+    mechanism: str = 'gaussian',
     tol: float = 1e-5) -> CalibrationResult:
   """Smallest effective noise multiplier z (within tol) with epsilon(z) <= target_epsilon.
 
   Give `sampling_probability` q, or `population_size` N and `clients_per_round` m (q = m/N).
   `clipped_count_stddev` (sigma_b, adaptive clipping) only changes the reported update
   multiplier, never z: the round's accounting depends only on z (Eq. (1)).
+  `mechanism='tree'` (module docstring) needs `population_size` and `clients_per_round`,
+  ignores `sampling` (shuffled) and is accounted under 'replace_special' (the default relation
+  for it; 'add_remove' is the default otherwise).
   Raises UserInputError for impossible settings.
   """
   try:
@@ -107,6 +122,13 @@ def calibrate_noise_multiplier(
     raise errors.UserInputError(f'rounds must be a positive integer, got {rounds!r}.')
   if method not in accountant.METHODS:
     raise errors.UserInputError(f'`method` must be one of {accountant.METHODS}, got {method!r}.')
+  if mechanism not in MECHANISMS:
+    raise errors.UserInputError(f'`mechanism` must be one of {MECHANISMS}, got {mechanism!r}.')
+  if mechanism == 'tree':
+    return _calibrate_tree(target_epsilon, delta, rounds, population_size, clients_per_round,
+                           clipped_count_stddev, neighboring_relation, method, tol)
+  if neighboring_relation is None:
+    neighboring_relation = 'add_remove'
   relation = accountant.check_relation(neighboring_relation)
   if neighboring_relation == 'replace_one' and sampling != 'fixed_size':
     raise errors.UserInputError(
@@ -130,6 +152,47 @@ def calibrate_noise_multiplier(
   if not probe.supports(make_event(1.0)):
     raise errors.UserInputError(
         f'{method} cannot analyse {sampling} sampling under {neighboring_relation}.')
+
+  return _search(make_accountant, make_event, target_epsilon, delta, rounds, tol,
+                 clipped_count_stddev, event, method, neighboring_relation)
+
+
+def _calibrate_tree(target_epsilon, delta, rounds, population_size, clients_per_round,
+                    clipped_count_stddev, neighboring_relation, method, tol):
+  if neighboring_relation not in (None, accountant.TREE_RELATION):
+    raise errors.UserInputError(
+        f'tree aggregation is accounted under {accountant.TREE_RELATION} only, got '
+        f'{neighboring_relation!r}.')
+  if method != 'rdp':
+    raise errors.UserInputError('PLD cannot analyse tree aggregation (DP-FTRL); use rdp.')
+  if population_size is None or clients_per_round is None:
+    raise errors.UserInputError('tree calibration needs population_size and '
+                                'clients_per_round (the epochs of shuffled participation).')
+  try:
+    event = ledger.SamplingEvent('shuffled', population_size, sample_size=clients_per_round,
+                                 epoch=1)
+  except ledger.LedgerError as e:
+    raise errors.UserInputError(str(e)) from None
+  per_epoch = sampling_lib.rounds_per_epoch(population_size, clients_per_round)
+  full, rest = divmod(rounds, per_epoch)
+  epoch_steps = [per_epoch] * full + ([rest] if rest else [])
+
+  def make_event(z: float) -> dp_accounting.DpEvent:
+    return dp_accounting.ComposedDpEvent(
+        [dp_accounting.SingleEpochTreeAggregationDpEvent(float(z), steps)
+         for steps in epoch_steps])
+
+  def make_accountant():
+    return dp_accounting.rdp.RdpAccountant(neighboring_relation=accountant.NEIGHBORING_RELATIONS[
+        accountant.TREE_RELATION])
+
+  return _search(make_accountant, make_event, target_epsilon, delta, rounds, tol,
+                 clipped_count_stddev, event, method, accountant.TREE_RELATION)
+
+
+def _search(make_accountant, make_event, target_epsilon, delta, rounds, tol,
+            clipped_count_stddev, event, method, neighboring_relation) -> CalibrationResult:
+  """Smallest z (within tol) with epsilon <= target for the event family `make_event`."""
 
   def eps(z: float) -> float:
     return make_accountant().compose(make_event(z)).get_epsilon(delta)

@@ -11,10 +11,13 @@ from tff_dp import runtime
 from tff_dp.aggregators.adaptive import AdaptiveClipGaussianFactory
 from tff_dp.aggregators.fixed import FixedClipGaussianFactory
 from tff_dp.aggregators.fixed import ReportingDPFactory
+from tff_dp.aggregators.ftrl import FtrlFactory
+from tff_dp.aggregators.ftrl_adaptive import FtrlAdaptiveFactory
 from tff_dp.aggregators.joint import JointClipFactory
 from tff_dp.aggregators.per_layer import PerLayerAdaptiveClipFactory
 from tff_dp.aggregators.privacy_queries import MEASUREMENT_KEY
 from tff_dp.aggregators.privacy_queries import find_privacy_queries
+from tff_dp.aggregators.privacy_queries import find_tree_leaf
 from tff_dp.errors import UserInputError
 
 # A program using our aggregators leaves no TFF worker behind, even when it is SIGKILLed.
@@ -41,11 +44,32 @@ def _joint(clip, noise, adaptive, noise_allocation, extra):
                           **adaptive, **extra)
 
 
+def _ftrl(clip, noise, adaptive, noise_allocation, extra):
+  del adaptive, noise_allocation
+  return FtrlFactory(clip=clip, **noise, **extra)
+
+
+def _ftrl_adaptive(clip, noise, adaptive, noise_allocation, extra):
+  del noise_allocation
+  if adaptive['update_rule'] != 'geometric':
+    raise UserInputError("DP aggregation kind 'ftrl_adaptive' adapts its clip geometrically "
+                         f"(as TFF), got `update_rule` {adaptive['update_rule']!r}")
+  return FtrlAdaptiveFactory(
+      initial_clip=clip, target_unclipped_quantile=adaptive['target_unclipped_quantile'],
+      clip_learning_rate=adaptive['clip_learning_rate'],
+      clipped_count_stddev=adaptive['clipped_count_stddev'], **noise, **extra)
+
+
 # DP kind -> factory builder (`clip` is the initial clip, or the initial scale alpha for joint).
 _FACTORIES = {'fixed': _fixed, 'adaptive': _adaptive, 'per_layer_adaptive': _per_layer_adaptive,
-              'joint': _joint}
-# Kinds that take extra keyword arguments (`groups`, ...); the others take none.
-_TAKE_EXTRA_ARGUMENTS = ('per_layer_adaptive', 'joint')
+              'joint': _joint, 'ftrl': _ftrl, 'ftrl_adaptive': _ftrl_adaptive}
+# Extra keyword arguments a kind takes (None: any, checked by its factory: `groups`, ...);
+# kinds not listed take none.
+_EXTRA_ARGUMENTS = {'per_layer_adaptive': None, 'joint': None,
+                    'ftrl': ('rounds_per_epoch', 'noise_seed'),
+                    'ftrl_adaptive': ('rounds_per_epoch', 'noise_seed', 'restart_warmup',
+                                      'restart_frequency')}
+TREE_KINDS = choices.TREE_DP_KINDS
 choices.check_implemented([k for k in choices.DP_KINDS if k != 'none'], _FACTORIES,
                           'tff_dp.aggregators DP kinds')
 DP_KINDS = tuple(_FACTORIES)
@@ -59,16 +83,20 @@ def build_dp_aggregator(kind: str, *, noise_multiplier: float, clients_per_round
   """The factory for `kind` (`clip` is the initial clip, or initial scale alpha for joint).
 
   Extra keyword arguments go to the per_layer_adaptive (`groups`) and joint (`groups`,
-  `joint_clip`, `adaptive_scales`) factories; anything else is a UserInputError.
+  `joint_clip`, `adaptive_scales`) factories, and to the tree factories (`rounds_per_epoch`,
+  `noise_seed`; ftrl_adaptive also `restart_warmup`, `restart_frequency`); anything else is a
+  UserInputError. The tree factories use neither `update_rule` (geometric, as TFF) nor
+  `noise_allocation`.
   """
   if kind not in DP_KINDS:
     raise UserInputError(f'unknown DP aggregation kind {kind!r}; choose one of '
                          f'{", ".join(DP_KINDS)}')
   noise_budget.check_noise_allocation(noise_allocation)
-  if kind not in _TAKE_EXTRA_ARGUMENTS and kwargs:
-    raise UserInputError(f'DP aggregation kind {kind!r} does not take '
-                         f'{", ".join(sorted(kwargs))} (only '
-                         f'{" / ".join(_TAKE_EXTRA_ARGUMENTS)} do)')
+  allowed = _EXTRA_ARGUMENTS.get(kind, ())
+  unknown = sorted(set(kwargs) - set(allowed)) if allowed is not None else []
+  if unknown:
+    raise UserInputError(f'DP aggregation kind {kind!r} does not take {", ".join(unknown)}'
+                         + (f' (it takes {", ".join(allowed)})' if allowed else ''))
   noise = dict(noise_multiplier=noise_multiplier, clients_per_round=clients_per_round)
   adaptive = dict(target_unclipped_quantile=target_unclipped_quantile,
                   clip_learning_rate=clip_learning_rate, update_rule=update_rule,

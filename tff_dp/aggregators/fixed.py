@@ -17,19 +17,23 @@ class ReportingDPFactory(tff.aggregators.UnweightedAggregationFactory):
   we add the (clip, stddev) tuples the round actually used, read from the pre-round state by
   `tuples_fn(query_state) -> OrderedDict(name -> OrderedDict(l2_norm_clip, noise_stddev))`.
   `extra_metrics_fn(pre_round_query_state, inner_measurements)` may add state metrics.
+  `dp_factory`: a `DifferentiallyPrivateFactory` to wrap instead of one built from `query`
+  (e.g. one of TFF's own classmethod factories).
   """
 
-  def __init__(self, query: tfp.DPQuery, tuples_fn, extra_metrics_fn=None):
+  def __init__(self, query: tfp.DPQuery, tuples_fn, extra_metrics_fn=None, dp_factory=None):
     self._query = query
     self._tuples_fn = tuples_fn
     self._extra_metrics_fn = extra_metrics_fn
+    self._dp_factory = (dp_factory if dp_factory is not None
+                        else tff.aggregators.DifferentiallyPrivateFactory(query))
 
   @property
   def query(self) -> tfp.DPQuery:
     return self._query
 
   def create(self, value_type) -> tff.templates.AggregationProcess:
-    inner = tff.aggregators.DifferentiallyPrivateFactory(self._query).create(value_type)
+    inner = self._dp_factory.create(value_type)
     state_type = inner.initialize.type_signature.result.member
     inner_measurements_type = inner.next.type_signature.result.measurements.member
 
@@ -52,6 +56,16 @@ class ReportingDPFactory(tff.aggregators.UnweightedAggregationFactory):
     return tff.templates.AggregationProcess(inner.initialize, next_fn)
 
 
+def check_fixed_args(clip, noise_multiplier, clients_per_round) -> None:
+  """UserInputError for a fixed clip, noise multiplier or cohort size out of range."""
+  if not clip > 0:
+    raise UserInputError(f'`clip` must be positive, got {clip}')
+  if not noise_multiplier >= 0:
+    raise UserInputError(f'`noise_multiplier` must be >= 0, got {noise_multiplier}')
+  if not clients_per_round > 0:
+    raise UserInputError(f'`clients_per_round` must be positive, got {clients_per_round}')
+
+
 class FixedClipGaussianFactory(ReportingDPFactory):
   """Flat fixed clipping: clip each client update to L2 norm `clip`, add N(0, (z*clip)^2).
 
@@ -60,12 +74,7 @@ class FixedClipGaussianFactory(ReportingDPFactory):
   """
 
   def __init__(self, clip: float, noise_multiplier: float, clients_per_round: float):
-    if not clip > 0:
-      raise UserInputError(f'clip must be positive, got {clip}')
-    if not noise_multiplier >= 0:
-      raise UserInputError(f'noise_multiplier must be >= 0, got {noise_multiplier}')
-    if not clients_per_round > 0:
-      raise UserInputError(f'clients_per_round must be positive, got {clients_per_round}')
+    check_fixed_args(clip, noise_multiplier, clients_per_round)
     self.clip = float(clip)
     self.noise_multiplier = float(noise_multiplier)
     query = tfp.NormalizedQuery(

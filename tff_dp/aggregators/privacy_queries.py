@@ -6,13 +6,16 @@ computation. The training loop turns them into ledger records; nothing is re-der
 """
 
 import collections
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import numpy as np
 
 from tff_dp import ledger
 
 MEASUREMENT_KEY = 'privacy_queries'
+# Tree-aggregation factories (DP-FTRL) also report {TREE_KEY: {'leaf': int}}: this round's
+# 1-based position in its noise tree; their `privacy_queries` stddevs are per tree node.
+TREE_KEY = 'tree_aggregation'
 
 
 def query_tuple(l2_norm_clip, noise_stddev) -> collections.OrderedDict:
@@ -45,3 +48,27 @@ def find_privacy_queries(metrics: Any) -> list[ledger.GaussianSumQuery]:
 
   visit(metrics, [])
   return found
+
+
+def find_tree_leaf(metrics: Any) -> Optional[int]:
+  """This round's 1-based leaf in its aggregation tree, or None if no tree factory reported one.
+
+  Several reports (nested tree factories) must agree: a ledger record has one tree position.
+  """
+  leaves = set()
+
+  def visit(node):
+    if isinstance(node, Mapping):
+      for key, value in node.items():
+        if key == TREE_KEY and isinstance(value, Mapping):
+          leaves.add(int(np.asarray(value['leaf'])))
+        else:
+          visit(value)
+    elif hasattr(node, '_asdict'):
+      visit(node._asdict())
+
+  visit(metrics)
+  if len(leaves) > 1:
+    raise ValueError(f'the aggregator reported different tree leaves {sorted(leaves)} in one '
+                     'round')
+  return leaves.pop() if leaves else None

@@ -80,7 +80,8 @@ def _epsilon_curve(ledger_path: str, delta: float, method: str) -> list[tuple[in
     return []
   # One PLD evaluation (at the end) is enough for a table; RDP is cheap at every round.
   pld_every = len(records) if method == 'pld' else None
-  curve = accountant.epsilon_curve(records, delta, (method,), pld_every=pld_every)
+  curve = accountant.epsilon_curve(records, delta, (method,),
+                                  accountant.default_relation(records), pld_every=pld_every)
   return [(int(p['round']), p[f'epsilon_{method}']) for p in curve
           if p[f'epsilon_{method}'] is not None]
 

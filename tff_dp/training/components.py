@@ -42,6 +42,7 @@ class LoopComponents:
   # The queries round 1 will execute: what `max_epsilon` predicts from before any record exists
   # (a resumed run whose ledger is still empty).
   planned_queries: Sequence[ledger_lib.GaussianSumQuery] = ()
+  planned_tree_leaf: Optional[int] = None        # 1 for tree aggregation (DP-FTRL)
   log: Callable[[str], None] = print
   # dataset -> reason it cannot be trained on, or None (see client_data.check_client_dataset).
   check_client_fn: Optional[Callable[[Any], Optional[str]]] = None

@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import tasks
 from tff_dp import choices
+from tff_dp.accounting import accountant
 from tff_dp.errors import UserInputError
 
 
@@ -230,6 +231,12 @@ class DPConfig(Section):
   noise_allocation: str = setting(
       'proportional', 'Per-layer/joint: how the noise budget is split across groups (ledger '
       'paper, Sec. 4).', one_of=choices.NOISE_ALLOCATIONS)
+  restart_warmup: int = setting(
+      128, '`dp=ftrl_adaptive`: restart the tree (adopting the clip estimate) after this many '
+      'rounds (TFF\'s default), ...', check=_POSITIVE)
+  restart_frequency: int = setting(
+      1024, '... then every this many rounds (and after every epoch of shuffled '
+      'participation).', check=_POSITIVE)
 
   def _check(self):
     if self.kind == 'none':
@@ -243,6 +250,11 @@ class DPConfig(Section):
           'noise without a clip norm has no sensitivity to calibrate to')
     if self.noise_multiplier is None:
       raise UserInputError(f'`dp={self.kind}` needs `noise_multiplier` >= 0')
+    # TFF's tree_adaptive schedule (tfp requires it; the factory checks it again, here it is
+    # reported before TensorFlow loads).
+    if self.kind == 'ftrl_adaptive' and self.restart_warmup >= self.restart_frequency:
+      raise UserInputError(f'`restart_warmup` ({self.restart_warmup}) must be smaller than '
+                           f'`restart_frequency` ({self.restart_frequency})')
 
 
 def _distinct_accountants(methods) -> bool:
@@ -481,6 +493,12 @@ class ExperimentConfig:
           'weighted by its example count could exceed the clip-based sensitivity')
     if self.accounting.max_epsilon is not None and dp == 'none':
       raise UserInputError('`max_epsilon` needs DP (`dp` != none)')
+    if dp != 'none':
+      accountant.check_analysable(self.sampling.client_sampling, dp in choices.TREE_DP_KINDS)
+    if dp in choices.TREE_DP_KINDS and self.output.rounds_per_checkpoint != 1:
+      raise UserInputError(
+          f'`dp={dp}` needs `rounds_per_checkpoint=1`: a resume must not re-execute a round '
+          'whose output was released (the tree accounting does not cover it)')
 
   @classmethod
   def from_settings(cls, settings: Optional[Mapping[str, Any]] = None,

@@ -49,6 +49,8 @@ choices.check_implemented(choices.LOOP_IMPLEMENTATIONS, LOOP_IMPLEMENTATIONS,
 
 # Settings a resumed run may change (declared with the fields: `config.setting(resumable=)`).
 RESUMABLE_CHANGES = config_lib.RESUMABLE_SETTINGS
+# The shuffled sampler's secret key, kept in the run directory for resume (tff_dp.sampling).
+SAMPLING_KEY_FILE = 'sampling_key.secret'
 
 
 def resume_changes(recorded: dict[str, Any], cfg: ExperimentConfig) -> dict[str, tuple]:
@@ -71,27 +73,45 @@ def resume_changes(recorded: dict[str, Any], cfg: ExperimentConfig) -> dict[str,
   return changes
 
 
-def build_aggregator(dp: config_lib.DPConfig, clients_per_round: int):
-  """The model-update aggregation factory for `dp.kind` (None = TFF's default mean)."""
+def build_aggregator(dp: config_lib.DPConfig, clients_per_round: int,
+                     rounds_per_epoch: Optional[int] = None):
+  """The model-update aggregation factory for `dp.kind` (None = TFF's default mean).
+
+  `rounds_per_epoch`: the tree factories restart after every epoch of the shuffled sampler."""
   if dp.kind == 'none':
     return None
+  tree_options = {}
+  if dp.kind in aggregators.TREE_KINDS:
+    tree_options['rounds_per_epoch'] = rounds_per_epoch
+  if dp.kind == 'ftrl_adaptive':
+    tree_options.update(restart_warmup=dp.restart_warmup,
+                        restart_frequency=dp.restart_frequency)
   return aggregators.build_dp_aggregator(
       dp.kind, noise_multiplier=float(dp.noise_multiplier),
       clients_per_round=float(clients_per_round), clip=float(dp.clip),
       target_unclipped_quantile=dp.target_unclipped_quantile,
       clip_learning_rate=dp.clip_learning_rate, update_rule=dp.clip_update_rule,
-      clipped_count_stddev=dp.clipped_count_stddev, noise_allocation=dp.noise_allocation)
+      clipped_count_stddev=dp.clipped_count_stddev, noise_allocation=dp.noise_allocation,
+      **tree_options)
 
 
-def _sampler(cfg: config_lib.SamplingConfig, client_ids):
+def _sampler(cfg: config_lib.SamplingConfig, client_ids, key_path: str, resume: bool):
+  """The configured sampler; the shuffled one's secret key is read from `key_path` on resume
+  (a new key mid-epoch would let clients participate twice in the epoch)."""
   population = len(client_ids)
   if population == 0:
     raise UserInputError('the training data has no clients')
   if cfg.clients_per_round > population:
     raise UserInputError(f'`clients_per_round={cfg.clients_per_round}` exceeds the '
                          f'{population} training clients')
+  key = None
+  if cfg.client_sampling == 'shuffled' and cfg.sampling_seed is None:
+    key = sampling.load_key(key_path)
+    if key is None and resume:
+      raise UserInputError(f'`resume`: {key_path} is missing; without the shuffling key the '
+                           'epochs cannot be continued (clients could participate twice)')
   return sampling.build_sampler(cfg.client_sampling, client_ids, cfg.clients_per_round,
-                                seed=cfg.sampling_seed)
+                                seed=cfg.sampling_seed, key=key)
 
 
 def _eval_dataset(task, max_examples: int, seed: int):
@@ -140,7 +160,7 @@ def run(cfg: ExperimentConfig, task, *, log=print,
         cfg.output.root_output_dir, cfg.output.experiment_name, resume=cfg.output.resume)))
     loop_config, parts = build_components(cfg, task, run_dir, log=log, stop=stop)
     log(f'run directory: {run_dir.path}  (population '
-        f'{parts.sampler.sampling_event().population_size}, {cfg.sampling.client_sampling} '
+        f'{parts.sampler.sampling_event(1).population_size}, {cfg.sampling.client_sampling} '
         'sampling, '
         f'{"secret" if parts.sampler.secret else "seeded"} samples, delta {loop_config.delta:g})')
     summary = loop.run_training(loop_config, parts, stop)
@@ -171,7 +191,8 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
   if cfg.precondition != 'none' and cfg.side_info == 'public_clients':
     # Held-out public/proxy clients (the paper's OOD setting): removed from the private population.
     public_ids, train_ids = train_ids[:cfg.num_public_clients], train_ids[cfg.num_public_clients:]
-  sampler = _sampler(config.sampling, train_ids)
+  sampler = _sampler(config.sampling, train_ids, run_dir.file(SAMPLING_KEY_FILE), cfg.resume)
+  tree = cfg.dp in aggregators.TREE_KINDS
   delta = cfg.delta if cfg.delta is not None else _default_delta(len(train_ids))
   accountant = None
   if cfg.dp != 'none':
@@ -180,12 +201,14 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
     # post-hoc `python -m tff_dp.accounting` replays the ledger at the finer default.
     accountant = accounting.LedgerAccountant(
         delta=delta, methods=tuple(cfg.accounting), pld_every=cfg.pld_every,
-        pld_value_discretization_interval=1e-3)
+        pld_value_discretization_interval=1e-3,
+        neighboring_relation=accounting.TREE_RELATION if tree else 'add_remove')
 
   client_optimizer = optimizers.build_optimizer(cfg.client_optimizer, cfg.client_learning_rate)
   server_optimizer = optimizers.build_optimizer(
       cfg.server_optimizer, cfg.server_learning_rate, momentum=cfg.server_momentum)
-  aggregator = dp_factory = build_aggregator(config.dp, cfg.clients_per_round)
+  aggregator = dp_factory = build_aggregator(config.dp, cfg.clients_per_round,
+                                             getattr(sampler, 'rounds_per_epoch', None))
   if cfg.precondition != 'none':
     scales = adadps_setup.scales_for_task(
         task, cfg.side_info, public_client_ids=public_ids, cap=cfg.precondition_cap,
@@ -218,7 +241,7 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
     planned_queries = first_round_queries(process)
     if not cfg.resume:
       first = accountant.peek_epsilon(ledger_lib.RoundRecord(
-          1, sampler.sampling_event(), planned_queries))
+          1, sampler.sampling_event(1), planned_queries, 1 if tree else None))
       if first > cfg.max_epsilon:
         raise UserInputError(
             f'`max_epsilon={cfg.max_epsilon:g}`: the first round alone would reach epsilon '
@@ -240,6 +263,9 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
   run_dir.write_config(dict(config.settings(), delta_used=delta,
                             population_size=len(train_ids), task=task.name),
                        changes=changes)
+  if isinstance(sampler, sampling.ShuffledSampler) and sampler.secret and (
+      sampling.load_key(run_dir.file(SAMPLING_KEY_FILE)) is None):
+    sampling.save_key(run_dir.file(SAMPLING_KEY_FILE), sampler.key)
   ledger = None
   if cfg.dp != 'none':
     # On resume, a partial last line is a record whose round released nothing (outputs are
@@ -253,7 +279,8 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
       client_dataset_fn=_client_dataset_fn(task),
       evaluator=evaluator, ledger=ledger, accountant=accountant,
       aggregates=aggregates, train_on_aggregate=train_policy, log=log,
-      planned_queries=planned_queries, clip_group_labels=clip_group_labels,
+      planned_queries=planned_queries, planned_tree_leaf=1 if tree else None,
+      clip_group_labels=clip_group_labels,
       check_client_fn=lambda ds: client_data.check_client_dataset(ds, max_index),
       client_value_fn=client_id_argument if cfg.datasets_on_workers else None)
   loop_config = components.LoopConfig(

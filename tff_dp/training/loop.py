@@ -121,7 +121,16 @@ class _Rounds:
                else tuple(c.planned_queries))
     if not queries:
       return None
-    record = ledger_lib.RoundRecord(round_num, c.sampler.sampling_event(), tuple(queries))
+    sampling_event = c.sampler.sampling_event(round_num)
+    leaf = None
+    last = self.last_record
+    if last is not None and last.tree_leaf is not None:
+      # The tree goes on within an epoch (at least as costly as a restart) and restarts at an
+      # epoch boundary (the tree factories do).
+      leaf = last.tree_leaf + 1 if sampling_event.epoch == last.sampling.epoch else 1
+    elif last is None:
+      leaf = c.planned_tree_leaf
+    record = ledger_lib.RoundRecord(round_num, sampling_event, tuple(queries), leaf)
     return c.accountant.peek_epsilon(record)
 
   def _run_one_round(self, round_num: int) -> None:
@@ -193,7 +202,8 @@ class _Rounds:
       raise RuntimeError('DP is on but the aggregator reported no privacy_queries; refusing '
                          'to train without a ledger record')
     self.last_record = ledger_lib.RoundRecord(
-        round_num, c.sampler.sampling_event(), tuple(queries))
+        round_num, c.sampler.sampling_event(round_num), tuple(queries),
+        privacy_queries_lib.find_tree_leaf(metrics['aggregator']))
     with run_dir_lib.writing(f'the ledger record of round {round_num}', c.ledger.path):
       c.ledger.append(self.last_record)
     c.accountant.add(self.last_record)

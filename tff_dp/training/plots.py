@@ -90,7 +90,9 @@ def write_run_plots(metrics_csv: str, out_dir: str, *, delta: Optional[float] = 
     plt.close(fig)
     written.append(path)
 
-  eps_cols = [k for k in ('epsilon_rdp', 'epsilon_pld') if k in cols]
+  # A column with no number at all (PLD of a tree-aggregation run: n/a) is not plotted.
+  eps_cols = [k for k in ('epsilon_rdp', 'epsilon_pld')
+              if k in cols and not all(math.isnan(v) for v in cols[k])]
   if eps_cols:
     fig, ax = plt.subplots(figsize=(6, 4))
     for k in eps_cols:

@@ -22,9 +22,18 @@ _COVERED_PREFIXES = ('epsilon_', 'eval_')
 # noised queries or from the pre-round (already released) query state.
 _COVERED_AGGREGATOR_KEYS = frozenset({
     'privacy_queries', 'clip', 'next_clip', 'unclipped_fraction_estimate', 'dp_query_metrics',
-    'scale', 'next_scale'})
+    'scale', 'next_scale', 'tree_aggregation'})
 
 NEIGHBORING_RELATION = 'add_remove'
+# How each relation the accountant uses reads in a statement.
+_RELATION_TEXT = {
+    'add_remove': 'neighbouring datasets differ in all the data of one client (add/remove-one)',
+    'replace_one': 'neighbouring datasets differ in all the data of one client, replaced by '
+                   'another client\'s (replace-one)',
+    'replace_special': 'neighbouring datasets differ in all the data of one client, replaced '
+                       'by a special client that contributes nothing (replace-special, '
+                       'Kairouz et al. 2021 Definition 1.1; tree aggregation without sampling)',
+}
 
 
 def is_covered_column(name: str) -> bool:
@@ -44,7 +53,8 @@ def released_row(row: Mapping[str, Any], private_release: bool) -> dict[str, Any
 
 def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional[float]],
               delta: Optional[float], sampling_event: Any, sampling_secret: bool,
-              private_release: bool, released_columns: Iterable[str]) -> dict[str, Any]:
+              private_release: bool, released_columns: Iterable[str],
+              neighboring_relation: str = NEIGHBORING_RELATION) -> dict[str, Any]:
   """The run's privacy statement (written to summary.json and printed at the end).
 
   Args:
@@ -56,6 +66,7 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
     sampling_secret: whether the samples came from secret OS randomness (no sampling seed).
     private_release: whether non-private diagnostics were kept out of every output.
     released_columns: metrics columns the run wrote (to list the diagnostics among them).
+    neighboring_relation: the relation the accountant used (tff_dp.accounting).
   """
   diagnostics = sorted(c for c in set(released_columns) if not is_covered_column(c))
   if dp == 'none':
@@ -67,6 +78,12 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
   if sampling_event.kind == 'poisson':
     sampling['probability'] = sampling_event.probability
     sampling['accounted_as'] = 'Poisson subsampling with this probability (exact)'
+  elif sampling_event.kind == 'shuffled':
+    sampling['sample_size'] = sampling_event.sample_size
+    sampling['accounted_as'] = (
+        'each epoch a secret permutation of the population, taken in consecutive blocks: '
+        'every client at most once per epoch and per noise tree, no amplification by sampling '
+        '(tree aggregation, one SingleEpochTreeAggregationDpEvent per epoch)')
   else:
     sampling['sample_size'] = sampling_event.sample_size
     sampling['accounted_as'] = (
@@ -78,14 +95,15 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
   return {
       'differential_privacy': True,
       'guarantee': (f'user-level (epsilon, delta)-DP with epsilon = {_fmt(epsilons)} at delta = '
-                    f'{delta:g}: neighbouring datasets differ in all the data of one client '
-                    '(add/remove-one)'),
+                    f'{delta:g}: {_RELATION_TEXT[neighboring_relation]}'),
       'unit': 'user (client): all of one client\'s examples in every round',
-      'neighboring_relation': NEIGHBORING_RELATION,
+      'neighboring_relation': neighboring_relation,
       'delta': delta,
       'epsilon': dict(epsilons),
       'rounds': rounds_completed,
-      'mechanism': f'DP-FedAvg ({dp} clipping, Gaussian noise), as recorded in ledger.jsonl',
+      'mechanism': (f'DP-FTRL ({dp}: tree-aggregation noise), as recorded in ledger.jsonl'
+                    if sampling_event.kind == 'shuffled' else
+                    f'DP-FedAvg ({dp} clipping, Gaussian noise), as recorded in ledger.jsonl'),
       'sampling': sampling,
       'covers': [
           'the model after every round (checkpoints/) and anything computed from it alone: '
@@ -105,8 +123,10 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
 
 
 def _fmt(epsilons: Mapping[str, Optional[float]]) -> str:
-  values = [f'{eps:.4g} ({method.upper()})' for method, eps in epsilons.items()
-            if eps is not None]
+  values = [f'{eps:.4g} ({method.upper()})' if eps is not None else
+            f'n/a ({method.upper()})' for method, eps in epsilons.items()]
+  if all(eps is None for eps in epsilons.values()):
+    values = []
   return ' / '.join(values) if values else 'n/a'
 
 

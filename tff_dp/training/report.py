@@ -68,9 +68,11 @@ def _privacy_statement(config: components.LoopConfig, c: components.LoopComponen
   rows = c.run_dir.metrics.read_rows()
   return privacy_statement.statement(
       dp=config.dp, rounds_completed=rounds, epsilons=epsilons, delta=config.delta,
-      sampling_event=c.sampler.sampling_event(), sampling_secret=c.sampler.secret,
-      private_release=config.private_release,
-      released_columns=rows[0].keys() if rows else ())
+      sampling_event=c.sampler.sampling_event(max(rounds, 1)),
+      sampling_secret=c.sampler.secret, private_release=config.private_release,
+      released_columns=rows[0].keys() if rows else (),
+      **({'neighboring_relation': c.accountant.neighboring_relation}
+         if c.accountant is not None else {}))
 
 
 def _write_uncertainty(c: components.LoopComponents, recent) -> dict[str, Any]:

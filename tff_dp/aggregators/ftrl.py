@@ -1,0 +1,66 @@
+"""DP-FTRL (Kairouz et al. 2021): fixed clip, tree-aggregation noise, no sampling needed.
+
+TFF's `DifferentiallyPrivateFactory.tree_aggregation` (clip each client update to `clip`, sum,
+add tree-aggregation noise of per-node stddev `noise_multiplier * clip`, divide by
+`clients_per_round`), reporting the executed tuples (Contract 1). Its output each round is the
+residual noised(s_t) - noised(s_{t-1}) of the noised prefix sums s_t of the clipped sums
+(`tfp.TreeResidualSumQuery.get_noised_result`: `sample + tree_noise_t - previous_tree_noise`),
+so the server optimizer consumes it like any mean update (BUILD_NOTES.md: how that is the FTRL
+update). With `rounds_per_epoch` the tree also restarts after every epoch (tree_aggregation.py);
+without it this is TFF's factory itself.
+"""
+
+import collections
+
+import tensorflow_federated as tff
+import tensorflow_privacy as tfp
+
+from tff_dp.aggregators import groups as groups_lib
+from tff_dp.aggregators import tree_aggregation
+from tff_dp.aggregators import fixed
+from tff_dp.aggregators.fixed import ReportingDPFactory
+
+
+class FtrlFactory(tff.aggregators.UnweightedAggregationFactory):
+  """DP-FTRL aggregation (fixed clip). Measurements: privacy_queries {update: (clip, per-node
+  stddev)}, tree_aggregation {leaf}, plus TFF's dp_query_metrics / dp."""
+
+  def __init__(self, *, clip: float, noise_multiplier: float, clients_per_round: float,
+               rounds_per_epoch: int | None = None, noise_seed: int | None = None,
+               use_efficient: bool = True):
+    fixed.check_fixed_args(clip, noise_multiplier, clients_per_round)
+    self.clip = float(clip)
+    self.noise_multiplier = float(noise_multiplier)
+    self.clients_per_round = float(clients_per_round)
+    self.rounds_per_epoch = tree_aggregation.check_rounds_per_epoch(rounds_per_epoch)
+    self.noise_seed = noise_seed
+    tree_aggregation.noise_seed(noise_seed)   # Checked now, drawn per `create`.
+    self.use_efficient = bool(use_efficient)
+
+  def create(self, value_type) -> tff.templates.AggregationProcess:
+    specs, _ = groups_lib.value_specs_and_shapes(value_type)
+    seed = tree_aggregation.noise_seed(self.noise_seed)
+    if self.rounds_per_epoch is None:
+      dp_factory = tff.aggregators.DifferentiallyPrivateFactory.tree_aggregation(
+          noise_multiplier=self.noise_multiplier, clients_per_round=self.clients_per_round,
+          l2_norm_clip=self.clip, record_specs=specs, noise_seed=seed,
+          use_efficient=self.use_efficient)
+    else:   # TFF's query, restarted after every epoch.
+      sum_query = tfp.TreeResidualSumQuery.build_l2_gaussian_query(
+          self.clip, self.noise_multiplier, specs, noise_seed=seed,
+          use_efficient=self.use_efficient)
+      restarts = tfp.restart_query.PeriodicRoundRestartIndicator(period=self.rounds_per_epoch)
+      dp_factory = tff.aggregators.DifferentiallyPrivateFactory(tfp.NormalizedQuery(
+          tfp.RestartQuery(sum_query, restarts), denominator=self.clients_per_round))
+
+    def tree_state(query_state):
+      return tree_aggregation.without_restart(query_state.numerator_state)
+
+    def tuples(query_state):
+      return collections.OrderedDict(update=tree_aggregation.tree_tuple(tree_state(query_state)))
+
+    def metrics(query_state, inner_measurements):
+      del inner_measurements
+      return tree_aggregation.leaf_measurement(tree_state(query_state))
+
+    return ReportingDPFactory(None, tuples, metrics, dp_factory=dp_factory).create(value_type)

@@ -1,0 +1,108 @@
+"""What the two DP-FTRL factories (`ftrl`, `ftrl_adaptive`) share: restarts, seeds, tree state.
+
+Both factories build TFF 0.87's tree-aggregation queries (`tfp.TreeResidualSumQuery` /
+`tfp.QAdaClipTreeResSumQuery` inside `tfp.NormalizedQuery`, as
+`tff.aggregators.DifferentiallyPrivateFactory.tree_aggregation` / `.tree_adaptive` do; the tests
+check the outputs against those classmethods bit for bit). Three things are ours:
+
+  * Restarts at epoch boundaries. The accountant (`SingleEpochTreeAggregationDpEvent`) needs
+    every tree to hold each client at most once, which shuffled participation guarantees only
+    within an epoch; so with `rounds_per_epoch` set a tree also restarts after every epoch.
+    TFF's restart schedule (`PeriodicRoundRestartIndicator(period, warmup)`, warmup >= 1)
+    cannot express that, hence `EpochRestartIndicator` (tfp's `RestartIndicator` interface).
+  * The noise seed. tfp seeds the tree's Gaussian generator from the clock when no seed is
+    given (a microsecond timestamp: guessable, and with it all the noise); we draw it from the
+    OS CSPRNG instead. The seed, like the tree's buffered noise, lives in the aggregator state,
+    so checkpoints of a DP-FTRL run hold secrets (see BUILD_NOTES.md).
+  * The measurement: `privacy_queries` (Contract 1) with the per-node noise stddev, and
+    `tree_aggregation/leaf`, this round's 1-based position in its tree, read from the
+    pre-round tree state (1: the round starts a new tree, i.e. a restart happened before it).
+"""
+
+import collections
+import os
+from typing import Optional
+
+import tensorflow as tf
+import tensorflow_privacy as tfp
+
+from tff_dp.aggregators import privacy_queries
+from tff_dp.errors import UserInputError
+
+
+class EpochRestartIndicator(tfp.restart_query.RestartIndicator):
+  """Restart after every `rounds_per_epoch`-th call and, if `period` is set, after the calls
+  numbered `warmup`, `warmup + period`, ... (TFF's tree_adaptive schedule). Same state as tfp's
+  `PeriodicRoundRestartIndicator`: the int32 number of calls so far."""
+
+  def __init__(self, rounds_per_epoch: int, period: Optional[int] = None,
+               warmup: Optional[int] = None):
+    self.rounds_per_epoch = int(rounds_per_epoch)
+    self.period = None if period is None else int(period)
+    self.warmup = 0 if warmup is None else int(warmup)
+
+  def initialize(self):
+    return tf.constant(0, tf.int32)
+
+  def next(self, state):
+    state = state + tf.constant(1, tf.int32)
+    flag = tf.equal(tf.math.floormod(state, self.rounds_per_epoch), 0)
+    if self.period is not None:
+      flag = tf.logical_or(
+          flag, tf.equal(tf.math.floormod(state, self.period), self.warmup))
+    return flag, state
+
+
+def check_rounds_per_epoch(rounds_per_epoch) -> Optional[int]:
+  if rounds_per_epoch is None:
+    return None
+  if isinstance(rounds_per_epoch, bool) or not isinstance(rounds_per_epoch, int) or (
+      rounds_per_epoch < 1):
+    raise UserInputError(f'`rounds_per_epoch` must be a positive integer or None, got '
+                         f'{rounds_per_epoch!r}')
+  return rounds_per_epoch
+
+
+def check_restarts(restart_warmup, restart_frequency) -> None:
+  """TFF tree_adaptive's schedule: first restart after `restart_warmup` rounds, then every
+  `restart_frequency` rounds (tfp requires 1 <= warmup < frequency)."""
+  for name, value in (('restart_warmup', restart_warmup),
+                      ('restart_frequency', restart_frequency)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise UserInputError(f'`{name}` must be a positive integer, got {value!r}')
+  if restart_warmup >= restart_frequency:
+    raise UserInputError(f'`restart_warmup` ({restart_warmup}) must be smaller than '
+                         f'`restart_frequency` ({restart_frequency})')
+
+
+def noise_seed(seed: Optional[int]) -> int:
+  """The given seed, or 63 bits from the OS CSPRNG (tfp would seed from the clock)."""
+  if seed is None:
+    return int.from_bytes(os.urandom(8), 'big') >> 1
+  if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+    raise UserInputError(f'`noise_seed` must be an integer in [0, 2^63) or None, got {seed!r}')
+  return seed
+
+
+def without_restart(query_state):
+  """The inner query state of a `tfp.RestartQuery` state (the state itself otherwise)."""
+  return getattr(query_state, 'inner_query_state', query_state)
+
+
+def tree_tuple(tree_sum_state) -> collections.OrderedDict:
+  """(clip, per-node noise stddev) of a `TreeResidualSumQuery` state (Contract 1 entry)."""
+  return privacy_queries.query_tuple(
+      tree_sum_state.clip_value, tree_sum_state.tree_state.value_generator_state.stddev)
+
+
+def leaf_measurement(tree_sum_state) -> collections.OrderedDict:
+  """{tree_aggregation: {leaf}}: the 1-based leaf this round fills in its tree.
+
+  tfp's tree state lists the levels of the completed subtrees left of the next leaf
+  (`level_buffer_idx`); the next leaf's 0-based index is sum(2^level) - 1
+  (`tree_aggregation.get_step_idx`), so the 1-based leaf is sum(2^level).
+  """
+  levels = tree_sum_state.tree_state.level_buffer_idx
+  leaf = tf.reduce_sum(tf.bitwise.left_shift(tf.ones_like(levels), levels))
+  return collections.OrderedDict([(privacy_queries.TREE_KEY, collections.OrderedDict(
+      leaf=leaf))])
