@@ -5,6 +5,7 @@ Arms, all in `tff.learning.algorithms.build_unweighted_fed_avg` with the same cl
   tff_fixed        TFF's built-in DifferentiallyPrivateFactory.gaussian_fixed
   tff_adaptive     TFF's built-in DifferentiallyPrivateFactory.gaussian_adaptive
   fixed, adaptive, per_layer   our factories (tff_dp.aggregators.build_dp_aggregator)
+  ftrl, ftrl_adaptive   DP-FTRL: our wrappers of TFF's tree_aggregation / tree_adaptive
   adadps_client    AdaDPS preconditioned client optimizer + our adaptive factory
   adadps_server    AdaDPS PreconditionedFactory around our adaptive factory
 Rounds of all arms are interleaved with a rotating order, so machine noise hits every arm alike.
@@ -59,6 +60,8 @@ def _arms(task, clients):
       'adaptive': (ours('adaptive'), sgd(0.1)),
       # One clipped-count query per layer: sigma_b must grow with the layer count.
       'per_layer': (ours('per_layer_adaptive', clipped_count_stddev=4.0), sgd(0.1)),
+      'ftrl': (ours('ftrl'), sgd(0.1)),
+      'ftrl_adaptive': (ours('ftrl_adaptive'), sgd(0.1)),
       'adadps_client': (ours('adaptive'), adadps_setup.client_optimizer('sgd', 0.1, ones)),
       'adadps_server': (adadps_setup.server_aggregator(ones, ours('adaptive')), sgd(0.1)),
   }

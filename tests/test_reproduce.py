@@ -61,7 +61,7 @@ def test_every_arm_parses_into_a_valid_config(arm, scale):
     assert cfg.training.total_rounds <= 6 and cfg.sampling.clients_per_round <= 10
   if 'recycling' in arm:
     paper = cfg.paper.paper_results
-    assert paper['epsilon'] == 8.2 and 0.2 < paper['accuracy'] < 0.25
+    assert paper['epsilon'] in (8.2, 18.9) and 0.2 < paper['accuracy'] < 0.25
     assert cfg.checkpoint_aggregation.ema_beta and cfg.checkpoint_aggregation.past_k
   if 'adadps' in arm:
     assert cfg.task.max_train_clients == (400 if scale == 'full' else 40)
@@ -80,6 +80,23 @@ def test_recycling_noise_is_calibrated_to_the_papers_epsilon():
   acc = dp_accounting.rdp.RdpAccountant()
   acc.compose(event, cfg.training.total_rounds)
   assert acc.get_epsilon(cfg.accounting.delta) == pytest.approx(8.2, abs=0.02)
+
+
+@pytest.mark.parametrize('arm', [a for a in ARMS if os.path.basename(a).startswith('ftrl_')],
+                         ids=os.path.basename)
+def test_ftrl_noise_is_calibrated_to_the_papers_epsilon(arm):
+  """The DP-FTRL arms' per-node z gives the paper's epsilon (8.2 or 18.9) for one tree of 1600
+  steps (one epoch of shuffled participation: 342,477 // 100 rounds > 1600), computed with
+  dp_accounting's tree event under replace-special neighbouring."""
+  cfg = _arm_config(arm, 'full')
+  assert cfg.dp.kind == 'ftrl' and cfg.sampling.client_sampling == 'shuffled'
+  rounds = cfg.training.total_rounds
+  assert rounds <= 342477 // cfg.sampling.clients_per_round
+  acc = dp_accounting.rdp.RdpAccountant(
+      neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_SPECIAL)
+  acc.compose(dp_accounting.SingleEpochTreeAggregationDpEvent(cfg.dp.noise_multiplier, rounds))
+  assert acc.get_epsilon(cfg.accounting.delta) == pytest.approx(
+      cfg.paper.paper_results['epsilon'], abs=0.02)
 
 
 def test_dry_run_and_bad_input(tmp_path):
@@ -119,9 +136,26 @@ def _table_rows(path):
 
 
 def _independent_epsilon(run_dir, delta):
-  """Epsilon from the ledger through dp_accounting directly (no tff_dp accountant)."""
+  """Epsilon from the ledger through dp_accounting directly (no tff_dp accountant): the sampled
+  Gaussian per round, or, for tree noise (DP-FTRL), one tree event per epoch of shuffled
+  participation (a tree restarts where a record's tree_leaf is 1) under replace-special."""
+  records = ledger_lib.read_ledger(os.path.join(run_dir, 'ledger.jsonl'))
+  if records and records[0].tree_leaf is not None:
+    acc = dp_accounting.rdp.RdpAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_SPECIAL)
+    trees_by_epoch = {}
+    for record in records:
+      trees = trees_by_epoch.setdefault(record.sampling.epoch, [])
+      if record.tree_leaf == 1 or not trees:
+        trees.append(0)
+      trees[-1] += 1
+    (query,) = records[0].queries
+    z = float(query.noise_stddev) / float(query.l2_norm_clip)
+    for trees in trees_by_epoch.values():
+      acc.compose(dp_accounting.SingleEpochTreeAggregationDpEvent(z, trees))
+    return acc.get_epsilon(delta)
   acc = dp_accounting.rdp.RdpAccountant()
-  for record in ledger_lib.read_ledger(os.path.join(run_dir, 'ledger.jsonl')):
+  for record in records:
     inner = dp_accounting.ComposedDpEvent([
         dp_accounting.GaussianDpEvent(float(q.noise_stddev) / float(q.l2_norm_clip))
         for q in record.queries])
@@ -131,13 +165,13 @@ def _independent_epsilon(run_dir, delta):
   return acc.get_epsilon(delta)
 
 
-# The default suite runs one arm per table (both arms of the EMA table: its ledger check compares
-# them); `make test-tables` runs every arm of every table (marker `all_tables`).
+# The default suite runs one arm per table (for the Recycling Scraps table, its two DP-FTRL arms at
+# epsilon 8.2: its ledger check compares them); `make test-tables` runs every arm of every table (marker `all_tables`).
 _ONE_ARM_PER_TABLE = {
     'andrew2021_emnist': ['adaptive'],
     'andrew2021_stackoverflow_nwp': ['adaptive'],
     'li2022_adadps_stackoverflow_tag': ['adadps'],
-    _RECYCLING: ['last_iterate', 'train_on_ema'],
+    _RECYCLING: ['ftrl_eps8.2_last_iterate', 'ftrl_eps8.2_train_on_ema'],
 }
 
 
@@ -177,16 +211,21 @@ def _reproduce_smoke_tables(tmp_path, arms_by_table):
       assert float(cells[7]) == pytest.approx(_independent_epsilon(str(run_dir), delta),
                                               rel=1e-3)
       assert math.isfinite(float(cells[7])) and float(cells[7]) > 0
-  if _RECYCLING in arms_by_table:
-    recycling = tmp_path / f'{_RECYCLING}-smoke' / 'runs'
-    for arm in ('last_iterate', 'train_on_ema'):
-      last = metrics_rows(recycling / arm)[-1]
+  # Each (last iterate, training over the EMA) pair of the Recycling Scraps table: the aggregates
+  # are evaluated, and the same sampling and noise leave the ledger's epsilon unchanged.
+  recycling_arms = arms_by_table.get(_RECYCLING, [])
+  pairs = [(a, a.replace('last_iterate', 'train_on_ema')) for a in recycling_arms
+           if a.endswith('last_iterate') and
+           a.replace('last_iterate', 'train_on_ema') in recycling_arms]
+  assert not recycling_arms or pairs
+  rows = _table_rows(tmp_path / f'{_RECYCLING}-smoke' / 'results.md') if pairs else {}
+  for pair in pairs:
+    for arm in pair:
+      run_dir = tmp_path / f'{_RECYCLING}-smoke' / 'runs' / arm
+      last = metrics_rows(run_dir)[-1]
       assert last['eval_ema_accuracy'] and last['eval_past_k_accuracy']
-      assert (recycling / arm / 'uncertainty.json').exists()
-    # Same sampling and noise: training over the EMA leaves the ledger's epsilon unchanged.
-    eps = {arm: _table_rows(tmp_path / f'{_RECYCLING}-smoke' / 'results.md')[arm][7]
-           for arm in ('last_iterate', 'train_on_ema')}
-    assert eps['last_iterate'] == eps['train_on_ema']
+      assert (run_dir / 'uncertainty.json').exists()
+    assert rows[pair[0]][7] == rows[pair[1]][7]
   # A second invocation finds every arm complete and only rebuilds the tables.
   for args in calls:
     again = _reproduce(args + ['--scale=smoke', f'--root_output_dir={tmp_path}'],
