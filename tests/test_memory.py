@@ -85,17 +85,26 @@ def test_checkpoints_reuse_one_module_and_tff_reads_them(tmp_path):
                                                     keep_total=2, keep_first=False)
   tffs = tff.program.FileProgramStateManager(str(tmp_path), prefix='round_')
   modules = []
-  for i, past in ((1, 1), (2, 2), (3, 2), (4, 2)):   # The layout settles after round 2.
-    asyncio.run(ours.save(_state(i, past), i))
+  # A buffer that grows in its first dimension (past-k filling up; DP-FTRL's tree buffers gain
+  # a level as the tree grows) keeps the module; a new structure (a 5th state with another
+  # aggregate) needs a new one.
+  for i, past in ((1, 1), (2, 2), (3, 3), (4, 3), (5, 3)):
+    state = _state(i, past)
+    if i == 5:
+      state['aggregates']['ema'] = np.full((5,), i, np.float64)
+    asyncio.run(ours.save(state, i))
     modules.append(ours._module)  # pylint: disable=protected-access
-    loaded, version = asyncio.run(tffs.load_latest(_state(0, past)))
+    template = _state(0, past)
+    if i == 5:
+      template['aggregates']['ema'] = np.zeros((5,), np.float64)
+    loaded, version = asyncio.run(tffs.load_latest(template))
     assert version == i
     assert type(loaded['state']).__name__ == 'Point' and loaded['state'].step == b'x' * i
-    tf.nest.map_structure(np.testing.assert_array_equal, loaded, _state(i, past))
-  assert modules[0] is not modules[1] and modules[1] is modules[2] is modules[3]
-  assert asyncio.run(tffs.get_versions()) == [3, 4]   # TFF's keep_total still applies.
+    tf.nest.map_structure(np.testing.assert_array_equal, loaded, state)
+  assert modules[0] is modules[1] is modules[2] is modules[3] is not modules[4]
+  assert asyncio.run(tffs.get_versions()) == [4, 5]   # TFF's keep_total still applies.
   with pytest.raises(tff.program.ProgramStateExistsError):
-    asyncio.run(ours.save(_state(4), 4))
+    asyncio.run(ours.save(_state(5), 5))
 
 
 def test_worker_environment_caps_malloc_arenas_unless_the_user_set_it(monkeypatch):

@@ -107,20 +107,24 @@ class _StateModule(tf.Module):
 
 def _as_variable(leaf):
   try:
-    return tf.Variable(leaf)
+    # Of unknown shape, so that a later state whose leaf has another shape of the same rank is
+    # assigned into it and the module is reused: DP-FTRL's tree buffers gain a level as the
+    # tree grows (their first dimension changes every few rounds), past-k buffers fill up.
+    return tf.Variable(leaf, shape=tf.TensorShape(None))
   except ValueError:
     return leaf   # What TFF's write_saved_model does with it.
 
 
 def _leaf_layout(value) -> tuple:
+  """What a reused variable must keep: dtype and rank (not the shape: see `_as_variable`)."""
   value = np.asarray(value)
   kind = 'string' if value.dtype.kind in 'SUO' else value.dtype.str
-  return kind, value.shape
+  return kind, value.ndim
 
 
 class ReusingFileProgramStateManager(tff.program.FileProgramStateManager):
   """`tff.program.FileProgramStateManager` whose saves reuse one module while the state's
-  layout (structure, dtypes, shapes) stays the same.
+  layout (structure, dtypes, ranks) stays the same.
 
   Why not TFF's save: it wraps every value in a new tf.Variable and saves a new module whose
   tf.function is traced again. In TF 2.14 a tf.function traced over variables that are then
