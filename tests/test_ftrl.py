@@ -479,6 +479,21 @@ def test_ftrl_run_records_trees_epochs_and_epsilon(data_dir, tmp_path):
   assert stat.S_IMODE(os.stat(key).st_mode) == 0o600
 
 
+def test_max_epsilon_stops_a_tree_run_before_the_round_that_would_exceed_it(data_dir, tmp_path):
+  """`max_epsilon` predicts the next round's tree event (the next leaf of this epoch's tree, or a
+  new tree at an epoch boundary) and stops before it; the cap lies between two rounds' epsilons
+  computed with dp_accounting alone (epochs of 4 rounds: 20 clients, 5 per round)."""
+  schedule = ([[1]], [[2]], [[3]], [[4]], [[4], [1]], [[4], [2]])
+  curve = [_direct_epsilon(0.8, epochs, 1e-5) for epochs in schedule]
+  last = next(r for r in range(1, 6) if curve[r] > curve[r - 1])   # Rounds kept: 1..last.
+  cap = (curve[last - 1] + curve[last]) / 2
+  summary, rows, records = _experiment(data_dir, tmp_path, 'capped', max_epsilon=cap)
+  assert summary.stopped_by_max_epsilon and summary.rounds_completed == last
+  assert len(rows) == len(records) == last
+  assert float(rows[-1]['epsilon_rdp']) == pytest.approx(curve[last - 1], rel=1e-6)
+  assert float(rows[-1]['epsilon_rdp']) <= cap
+
+
 def test_ftrl_refuses_poisson_sampling_with_one_line(data_dir, tmp_path):
   with pytest.raises(UserInputError, match=r'^tree-aggregation noise .* use '
                      r'`client_sampling=shuffled`\.$'):
