@@ -1,0 +1,32 @@
+"""Canary clients for one-shot empirical privacy estimation (Andrew et al., ICLR 2024).
+
+* `CanaryDirections`: the secret random unit directions of inserted and unseen canaries,
+  regenerated on demand from a secret kept with the checkpoint (`directions.py`).
+* `cosines`, `all_iterates_statistic`: the test statistics of the final-model and the
+  all-iterates threat models; `epsilon_from_cosines_closed_form_null` (the paper's final-model
+  estimate), `epsilon_from_cosines` (empirical null), `all_iterates_epsilon`,
+  `gaussian_pair_epsilon`; results as `CanaryEstimate` (`estimate.py`).
+
+numpy and scipy only: no TensorFlow is imported. An estimate is reported beside the
+accountant's proven epsilon, never instead of it.
+"""
+
+from tff_dp.canaries.directions import as_weight_shapes
+from tff_dp.canaries.directions import CanaryDirections
+from tff_dp.canaries.directions import dimension
+from tff_dp.canaries.directions import flatten
+from tff_dp.canaries.directions import INSERTED
+from tff_dp.canaries.directions import UNSEEN
+from tff_dp.canaries.estimate import all_iterates_epsilon
+from tff_dp.canaries.estimate import all_iterates_statistic
+from tff_dp.canaries.estimate import CanaryEstimate
+from tff_dp.canaries.estimate import cosines
+from tff_dp.canaries.estimate import epsilon_from_cosines
+from tff_dp.canaries.estimate import epsilon_from_cosines_closed_form_null
+from tff_dp.canaries.estimate import gaussian_pair_epsilon
+
+__all__ = [
+    'as_weight_shapes', 'CanaryDirections', 'dimension', 'flatten', 'INSERTED', 'UNSEEN',
+    'all_iterates_epsilon', 'all_iterates_statistic', 'CanaryEstimate', 'cosines',
+    'epsilon_from_cosines', 'epsilon_from_cosines_closed_form_null', 'gaussian_pair_epsilon',
+]
