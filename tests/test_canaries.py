@@ -95,6 +95,9 @@ def test_directions_without_a_seed_are_secret_and_differ_between_runs():
     (lambda: canaries.CanaryDirections(dim=3, num_inserted=2).direction('inserted', 2),
      '`index`'),
     (lambda: canaries.CanaryDirections(dim=3, num_inserted=2).block('seen', 0, 1), '`group`'),
+    (lambda: canaries.CanaryDirections(dim=3, num_inserted=2).block('inserted', 1, 3), '`stop`'),
+    (lambda: canaries.CanaryDirections(dim=3, num_inserted=2).block('inserted', 0.5, 1),
+     '`start`'),
     (lambda: canaries.CanaryDirections.from_secret_state({'dim': 3}), '`secret`'),
     (lambda: canaries.as_weight_shapes(np.zeros(5), [(2, 2)]), '`flat`'),
 ])

@@ -95,7 +95,8 @@ class CanaryDirections:
   def block(self, group: str, start: int, stop: int) -> np.ndarray:
     """Directions start..stop-1 of `group` as rows: float64 [stop - start, dim]."""
     count = self._number(group)
-    if not 0 <= start <= stop <= count:
+    start, stop = _count(start, 'start', 0), _count(stop, 'stop', 0)
+    if not start <= stop <= count:
       raise UserInputError(
           f'`start` and `stop` must satisfy 0 <= start <= stop <= {count}, got {start}, {stop}')
     rows = np.empty((stop - start, self.dim))
