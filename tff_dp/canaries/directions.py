@@ -14,6 +14,11 @@ any size, with the same result; nothing of size K x d has to stay in memory (K =
 of a 1M-parameter model would be 8 GB), and adding unseen canaries leaves the inserted ones as
 they were. For resume, `secret_state()` is what a checkpoint keeps; it must never go to the
 config, metrics or logs, and `repr` leaves it out.
+
+Cost: regenerating is one normal draw per entry, ~8.5 ns on one core of the 2-core CI machine,
+so a pass over K directions of dimension d takes ~8.5e-9 K d seconds (1,000 directions of the
+1.2M-weight EMNIST CNN: ~10 s). Fine for a final-model estimate at a few evaluation rounds; too
+slow for an all-iterates pass every round at that size.
 """
 
 import math
