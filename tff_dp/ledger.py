@@ -38,11 +38,12 @@ import operator
 import os
 from typing import Any, List, Optional, Sequence, Tuple
 
+from tff_dp import choices
 from tff_dp import errors
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMA_VERSIONS = (1, 2)
-SAMPLING_KINDS = ('poisson', 'fixed_size', 'shuffled')
+SAMPLING_KINDS = tuple(choices.CLIENT_SAMPLERS)
 
 
 class LedgerError(errors.UserInputError):

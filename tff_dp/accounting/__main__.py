@@ -20,6 +20,7 @@ import sys
 
 from absl import flags
 
+from tff_dp import choices
 from tff_dp import cli_flags
 from tff_dp import errors
 from tff_dp import ledger
@@ -65,7 +66,7 @@ def _fmt(x):
 
 def _curve() -> None:
   from tff_dp.accounting import accountant  # pylint: disable=g-import-not-at-top
-  methods = ('rdp', 'pld') if FLAGS.method == 'both' else (FLAGS.method,)
+  methods = tuple(choices.ACCOUNTANTS) if FLAGS.method == 'both' else (FLAGS.method,)
   records = ledger.read_ledger(cli_flags.path(FLAGS.ledger))
 
   def progress(done: int, total: int) -> None:   # On stderr: stdout is the CSV.

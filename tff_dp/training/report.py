@@ -8,6 +8,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from tff_dp import checkpoint_aggregation
+from tff_dp import choices
 from tff_dp.training import components
 from tff_dp.training import metrics_file
 from tff_dp.training import plots
@@ -29,7 +30,7 @@ def console_line(row: Mapping[str, Any], total_rounds: int) -> str:
     parts.append(f'clip {clips[0]:.4g}')
   elif clips:
     parts.append(f'clips {min(clips):.3g}..{max(clips):.3g}')
-  for method in ('rdp', 'pld'):
+  for method in choices.ACCOUNTANTS:
     if row.get(f'epsilon_{method}') is not None:
       parts.append(f'eps_{method} {row[f"epsilon_{method}"]:.4g}')
   if 'eval_accuracy' in row:
