@@ -25,7 +25,8 @@ TASKS = {
                        {'only_digits': 'emnist_only_digits'}),
     'stackoverflow_word': TaskSpec(
         'StackOverflow next-word prediction, LSTM', 'stackoverflow', 'build_word_prediction',
-        'stackoverflow', {'vocab_size': 'so_vocab_size', 'sequence_length': 'so_sequence_length'}),
+        'stackoverflow', {'vocab_size': 'so_vocab_size', 'sequence_length': 'so_sequence_length',
+                          'embedding_size': 'so_embedding_size', 'latent_size': 'so_lstm_size'}),
     'stackoverflow_tag': TaskSpec(
         'StackOverflow tag prediction, logistic regression', 'stackoverflow',
         'build_tag_prediction', 'stackoverflow',

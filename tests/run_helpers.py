@@ -1,7 +1,10 @@
-"""Running the project's scripts as a user does (a fresh interpreter on this checkout) and
-reading back what a run wrote; shared by the tests that drive the CLIs end to end."""
+"""Running the project's scripts as a user does (a fresh interpreter on this checkout), or their
+`main` in this process where the process boundary is not what a test checks, and reading back
+what a run wrote; shared by the tests that drive the CLIs end to end."""
 
+import contextlib
 import csv
+import io
 import os
 import sys
 import uuid
@@ -17,6 +20,37 @@ def script(name: str) -> list[str]:
 def script_env() -> dict[str, str]:
   """This environment, with the checkout importable and TF's C++ start-up noise off."""
   return dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL='3')
+
+
+class _Captured(io.StringIO):
+  """What a command prints, kept; the processes it starts (TFF's worker, given this stream)
+  write to the stream's file descriptor instead."""
+
+  def __init__(self, stream):
+    super().__init__()
+    self._fileno = stream.fileno
+
+  def fileno(self):
+    return self._fileno()
+
+
+def main_in_process(name: str, args: list[str]) -> tuple[int, str, str]:
+  """(exit code, stdout, stderr) of REPO/`name`'s `main` (e.g. 'run_experiment.py') called in
+  this process with `args`: the command line as `script(name) + args` runs it, without a fresh
+  interpreter's TensorFlow import and TFF start-up. For tests of what the command does, not of
+  its process (signals, exit on a kill, a worker left behind: those start `script(name)`)."""
+  module = __import__(name[:-len('.py')])
+  out, err = _Captured(sys.stdout), _Captured(sys.stderr)
+  try:
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+      code = module.main([name] + list(args))
+  finally:
+    # The command may have installed another TFF context (--workers, --client_slices): the
+    # tests after it get the local one back.
+    if 'tensorflow_federated' in sys.modules:
+      from tff_dp import runtime  # pylint: disable=g-import-not-at-top
+      runtime.configure_execution_context()
+  return code, out.getvalue(), err.getvalue()
 
 
 # Set in the environment of the programs a test starts; every process they start (TFF's

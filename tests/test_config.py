@@ -45,7 +45,7 @@ def test_flags_give_the_config_built_from_sections():
       output=config_lib.OutputConfig(experiment_name='x'))
   assert cfg.task.task_options() == {'word_vocab_size': 300, 'tag_vocab_size': 500}
   assert cfg.replace(task='stackoverflow_word').task.task_options() == {
-      'vocab_size': 300, 'sequence_length': 20}
+      'vocab_size': 300, 'sequence_length': 20, 'embedding_size': 96, 'latent_size': 670}
   assert cfg.replace(task='emnist', emnist_only_digits=True).task.task_options() == {
       'only_digits': True}
 

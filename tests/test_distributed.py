@@ -16,14 +16,17 @@ from tff_dp import distributed
 from tff_dp import ledger as ledger_lib
 from tff_dp import runtime
 from tff_dp.errors import UserInputError
+from run_helpers import main_in_process
 from run_helpers import metrics_rows
 from run_helpers import script
 from run_helpers import script_env
 
 _ENV = script_env()
 # Logistic regression (no dropout) with seeded shuffles: bit-reproducible up to the float
-# summation order of the cross-worker merge. Noise off, as the comparison needs.
-_FLAGS = ['--task=stackoverflow_tag', '--dp=adaptive', '--clip=0.5', '--noise_multiplier=0',
+# summation order of the cross-worker merge. Noise off, as the comparison needs. A small model
+# (1,000 words, 50 tags; the default is 10,000 x 500): what is spread over workers is the same.
+_FLAGS = ['--task=stackoverflow_tag', '--so_vocab_size=1000', '--so_tag_vocab_size=50',
+          '--dp=adaptive', '--clip=0.5', '--noise_multiplier=0',
           '--clipped_count_stddev=0', '--clients_per_round=6', '--client_sampling=fixed_size',
           '--max_eval_examples=200', '--client_batch_size=10', '--max_elements_per_client=30',
           '--client_learning_rate=1.0', '--rounds_per_checkpoint=10', '--delta=1e-3',
@@ -55,7 +58,10 @@ class Worker:
       fields = f.read().rsplit(')', 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
 
-  def stop(self, sig=signal.SIGINT):
+  def stop(self, sig=signal.SIGTERM):
+    # SIGTERM, not Ctrl-C's SIGINT: a suite started in the background (`make test &`, CI
+    # scripts) inherits SIGINT ignored, and so does the worker, which then waited out the 20 s
+    # below on every stop.
     if self.proc is not None and self.proc.poll() is None:
       self.proc.send_signal(sig)
       try:
@@ -74,6 +80,8 @@ def workers():
 
 
 def _run(args, timeout=900):
+  # A process of its own: in this one, a run installing its TFF context would stop the test's
+  # workers (they are this process's worker_binary children, see runtime.shutdown_workers).
   proc = subprocess.run(script('run_experiment.py') + args,
                         env=_ENV, capture_output=True, text=True, timeout=timeout)
   return proc.returncode, proc.stdout, proc.stderr
@@ -120,8 +128,9 @@ def test_worker_restarts_on_the_port_of_a_killed_worker():
 
 def test_unreachable_worker_is_a_clear_error(tmp_path):
   port = portpicker.pick_unused_port()
-  code, _, err = _run(_FLAGS + ['--total_rounds=1', f'--root_output_dir={tmp_path}',
-                                f'--workers=127.0.0.1:{port}', '--worker_unavailable_timeout=3'])
+  code, _, err = main_in_process('run_experiment.py', _FLAGS + [
+      '--total_rounds=1', f'--root_output_dir={tmp_path}', f'--workers=127.0.0.1:{port}',
+      '--worker_unavailable_timeout=3'])
   assert code == 2
   assert f'error: no TFF worker answers at 127.0.0.1:{port}' in err
   assert 'Traceback' not in err and not os.listdir(tmp_path)
@@ -139,7 +148,8 @@ def test_two_workers_match_the_single_process_run_and_survive_a_killed_worker(wo
   assert code == 0, err[-2000:]
   _assert_same_training(metrics_rows(tmp_path / 'local'), metrics_rows(tmp_path / 'spread'))
   # Both workers trained clients (the split is by contiguous client slices).
-  assert all(w.cpu_seconds() - c > 0.5 for w, c in zip(workers, cpu_before))
+  used = [w.cpu_seconds() - c for w, c in zip(workers, cpu_before)]
+  assert all(u > 0.5 for u in used), used
 
   # Kill one worker in the middle of a run: the round fails with a clear error and writes
   # nothing; --resume finishes the run once the worker is back, with the same results.

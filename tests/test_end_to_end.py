@@ -17,6 +17,7 @@ from tff_dp import runtime
 from tff_dp.accounting import accountant as accountant_lib
 from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
+from run_helpers import main_in_process
 from run_helpers import metrics_rows
 from run_helpers import script
 from run_helpers import script_env
@@ -107,8 +108,8 @@ def test_killed_run_resumes_with_identical_epsilon_curve(dp, data_dir, tmp_path)
             '--clipped_count_stddev=1.0', '--total_rounds=5', '--max_eval_examples=100',
             '--client_batch_size=10', '--max_elements_per_client=40', '--delta=1e-4',
             '--rounds_per_checkpoint=1', '--pld_every=1', f'--root_output_dir={tmp_path}']
-  full = _cli(common + ['--experiment_name=full'], tmp_path / 'full.log')
-  assert full.wait(timeout=600) == 0, (tmp_path / 'full.log').read_text()
+  code, out, err = main_in_process('run_experiment.py', common + ['--experiment_name=full'])
+  assert code == 0, out[-2000:] + err[-2000:]
 
   killed = _cli(common + ['--experiment_name=killed'], tmp_path / 'killed.log')
   metrics = tmp_path / 'killed' / 'metrics.csv'
@@ -128,8 +129,9 @@ def test_killed_run_resumes_with_identical_epsilon_curve(dp, data_dir, tmp_path)
   rows_at_kill = len(metrics_rows(tmp_path / 'killed'))
   assert 2 <= rows_at_kill < 5
 
-  resumed = _cli(common + ['--experiment_name=killed', '--resume'], tmp_path / 'killed.log')
-  assert resumed.wait(timeout=600) == 0, (tmp_path / 'killed.log').read_text()
+  code, out, err = main_in_process('run_experiment.py',
+                                   common + ['--experiment_name=killed', '--resume'])
+  assert code == 0, (tmp_path / 'killed.log').read_text() + out[-2000:] + err[-2000:]
 
   full_rows, resumed_rows = metrics_rows(tmp_path / 'full'), metrics_rows(tmp_path / 'killed')
   assert [int(r['round']) for r in resumed_rows] == [1, 2, 3, 4, 5]

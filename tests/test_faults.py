@@ -22,6 +22,7 @@ from tff_dp.aggregators.non_finite import NonFiniteZeroingFactory
 from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
 from tff_dp.training import run_dir as run_dir_lib
+from run_helpers import main_in_process
 from run_helpers import metrics_rows
 from run_helpers import script
 from run_helpers import script_env
@@ -139,11 +140,11 @@ def test_client_ids_with_quotes_train_through_the_cli(tmp_path):
   synthetic_data.write_sqlite(str(tmp_path / 'data' / 'emnist_all.sqlite'), {
       split: clients for split in ('digits_only_train', 'digits_only_test', 'all_train',
                                    'all_test')})
-  proc = _cli(_COMMON + [f'--data_dir={tmp_path / "data"}', f'--root_output_dir={tmp_path}',
-                         '--experiment_name=ids', '--total_rounds=1',
-                         '--client_sampling=fixed_size', f'--clients_per_round={len(ids)}'])
-  out, err = proc.communicate(timeout=300)
-  assert proc.returncode == 0, err[-2000:]
+  code, out, err = main_in_process('run_experiment.py', _COMMON + [
+      f'--data_dir={tmp_path / "data"}', f'--root_output_dir={tmp_path}',
+      '--experiment_name=ids', '--total_rounds=1', '--client_sampling=fixed_size',
+      f'--clients_per_round={len(ids)}'])
+  assert code == 0, err[-2000:]
   assert 'Traceback' not in err and 'skipped' not in out
   [row] = metrics_rows(tmp_path / 'ids')
   assert int(row['num_clients']) == len(ids) and not row.get('clients_rejected')
@@ -153,9 +154,9 @@ def test_client_ids_with_quotes_train_through_the_cli(tmp_path):
 def test_unwritable_output_dir_is_a_clear_error(tmp_path):
   blocker = tmp_path / 'a_file'
   blocker.write_text('not a directory')
-  proc = _cli(_COMMON + [f'--root_output_dir={blocker}/runs', '--total_rounds=1'])
-  out, err = proc.communicate(timeout=300)
-  assert proc.returncode == 2
+  code, _, err = main_in_process('run_experiment.py', _COMMON + [
+      f'--root_output_dir={blocker}/runs', '--total_rounds=1'])
+  assert code == 2
   errors_ = [l for l in err.splitlines() if l.startswith('error:')]
   assert len(errors_) == 1 and 'not writable' in errors_[0] and str(blocker) in errors_[0]
   assert 'Traceback' not in err
@@ -191,9 +192,8 @@ def test_disk_full_mid_run_loses_nothing_and_resume_completes(tmp_path):
   run = tmp_path / 'full'
   assert [r['round'] for r in metrics_rows(run)] == ['1']
   assert [r.round_num for r in ledger_lib.read_ledger(str(run / 'ledger.jsonl'))] == [1, 2]
-  resumed = _cli(args + ['--resume'])
-  out, err = resumed.communicate(timeout=600)
-  assert resumed.returncode == 0, err
+  code, out, err = main_in_process('run_experiment.py', args + ['--resume'])
+  assert code == 0, err
   assert [r['round'] for r in metrics_rows(run)] == ['1', '2', '3', '4']
   # Round 2 released nothing: its record is set aside and the round re-executed once. Round 1
   # had released metrics without a checkpoint: it stays counted and is counted again.
@@ -243,9 +243,8 @@ def test_signal_mid_run_stops_with_consistent_checkpoint_and_ledger(how, tmp_pat
   assert not (run / 'summary.json').exists()
   time.sleep(0.5)
   assert not any(runtime._alive(p) for p in workers)  # pylint: disable=protected-access
-  resumed = _cli(args + ['--resume'])
-  out, err = resumed.communicate(timeout=600)
-  assert resumed.returncode == 0, err[-2000:]
+  code, out, err = main_in_process('run_experiment.py', args + ['--resume'])
+  assert code == 0, err[-2000:]
   assert f'resuming at round {done + 1}' in out
   assert [r.round_num for r in ledger_lib.read_ledger(str(run / 'ledger.jsonl'))] == list(
       range(1, 13))   # Every round counted exactly once: nothing re-executed.

@@ -180,20 +180,20 @@ def test_client_slices_match_the_unsliced_run(tmp_path):
   # --client_slices=3: the round's clients run in 3 sequential slices on the local worker
   # (TFF's mergeable context), bounding the worker's memory to a slice; same training up to
   # float summation order (noise off, seeded samples, logistic regression without dropout).
-  import subprocess  # pylint: disable=g-import-not-at-top
   import pytest as _pytest  # pylint: disable=g-import-not-at-top,reimported
-  from run_helpers import metrics_rows, script, script_env  # pylint: disable=g-import-not-at-top
-  flags = ['--task=stackoverflow_tag', '--dp=adaptive', '--clip=0.5', '--noise_multiplier=0',
+  from run_helpers import main_in_process, metrics_rows  # pylint: disable=g-import-not-at-top
+  # A small model (1,000 words, 50 tags): the slicing, not the model, is under test.
+  flags = ['--task=stackoverflow_tag', '--so_vocab_size=1000', '--so_tag_vocab_size=50',
+           '--dp=adaptive', '--clip=0.5', '--noise_multiplier=0',
            '--clipped_count_stddev=0', '--clients_per_round=6', '--client_sampling=fixed_size',
            '--max_eval_examples=200', '--client_batch_size=10', '--max_elements_per_client=30',
            '--client_learning_rate=1.0', '--delta=1e-3', '--sampling_seed=0',
            '--total_rounds=3', f'--root_output_dir={tmp_path}']
   rows = {}
   for name, extra in (('plain', []), ('sliced', ['--client_slices=3'])):
-    proc = subprocess.run(script('run_experiment.py') + flags + [f'--experiment_name={name}']
-                          + extra, env=script_env(), capture_output=True, text=True,
-                          timeout=900)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    code, _, err = main_in_process('run_experiment.py',
+                                   flags + [f'--experiment_name={name}'] + extra)
+    assert code == 0, err[-2000:]
     rows[name] = metrics_rows(tmp_path / name)
   assert [r['round'] for r in rows['plain']] == [r['round'] for r in rows['sliced']] == [
       '1', '2', '3']
@@ -202,10 +202,9 @@ def test_client_slices_match_the_unsliced_run(tmp_path):
         k for k in a if k.endswith('update/l2_norm_clip')]
     for k in keys:
       assert float(a[k]) == _pytest.approx(float(b[k]), rel=1e-5, abs=1e-6), (a['round'], k)
-  proc = subprocess.run(script('run_experiment.py') + flags + [
-      '--experiment_name=bad', '--client_slices=0'], env=script_env(), capture_output=True,
-      text=True, timeout=300)
-  assert proc.returncode == 2 and 'error: --client_slices must be >= 1' in proc.stderr
+  code, _, err = main_in_process('run_experiment.py',
+                                 flags + ['--experiment_name=bad', '--client_slices=0'])
+  assert code == 2 and 'error: --client_slices must be >= 1' in err
 
 
 def test_client_slices_install_the_mergeable_context():

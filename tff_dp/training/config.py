@@ -148,6 +148,12 @@ class TaskConfig(Section):
       500, 'StackOverflow tag prediction: number of tags predicted.', check=_at_least(1))
   so_sequence_length: int = setting(
       20, 'StackOverflow next-word prediction: tokens per sequence.', check=_at_least(1))
+  so_embedding_size: int = setting(
+      96, 'StackOverflow next-word prediction: word embedding size (and of the dense layer '
+      'before the output), 96 in the literature\'s model.', check=_at_least(1))
+  so_lstm_size: int = setting(
+      670, 'StackOverflow next-word prediction: LSTM units, 670 in the literature\'s model.',
+      check=_at_least(1))
   client_batch_size: int = setting(20, 'Local batch size.', check=_at_least(1))
   client_epochs_per_round: int = setting(
       1, 'Local epochs each client runs per round.', check=_at_least(1))
