@@ -134,6 +134,13 @@ def test_stackoverflow_word_task_model_and_vocab(cache):
   layers = [l for l in model.layers if l.weights]
   assert [type(l).__name__ for l in layers] == ['Embedding', 'LSTM', 'Dense', 'Dense']
   assert layers[0].output_dim == 96 and layers[1].units == 670 and layers[2].units == 96
+  # A smaller model of the same shape (settings so_embedding_size, so_lstm_size).
+  small = tasks.build_task('stackoverflow_word', cache, vocab_size=300, sequence_length=8,
+                           embedding_size=12, latent_size=20).keras_model_fn()
+  layers = [l for l in small.layers if l.weights]
+  assert [type(l).__name__ for l in layers] == ['Embedding', 'LSTM', 'Dense', 'Dense']
+  assert layers[0].output_dim == 12 and layers[1].units == 20 and layers[2].units == 12
+  assert small(x).shape[-1] == 300 + 4
 
 
 def test_word_accuracy_excludes_special_tokens(cache):
