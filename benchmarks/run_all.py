@@ -17,6 +17,7 @@ BENCHMARKS = [
     ['bench_accountant.py'],              # incremental epsilon over a 10,000-round ledger
     ['bench_adadps.py'],                  # AdaDPS vs DP-FedAvg (sparse toy + StackOverflow tag)
     ['bench_checkpoint_aggregation.py'],  # EMA / past-k costs
+    ['bench_canaries.py'],                # canary estimates vs proven epsilon; their cost (~45 min)
     ['bench_soak.py'],                    # RSS growth over 500 CLI rounds (~45 min)
     # 1,000 clients vs full-size populations (generates the 342,477-client StackOverflow cache
     # once, ~5 min); StackOverflow tag at 100 clients/round needs ~10-11 GB (TFF worker).

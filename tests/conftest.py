@@ -1,5 +1,7 @@
 """Shared fixtures. Importing tff_dp installs the worker shutdown hook; the session fixture below
-additionally stops TFF's worker_binary at teardown so no test session leaks one."""
+additionally stops TFF's worker_binary at teardown so no test session leaks one.
+`tiny_tag_task`: the smallest real task (StackOverflow tag prediction through TFF's loader on a
+generated 6-client cache, a 200 x 30 logistic regression), for tests of the FedAvg process."""
 
 import os
 
@@ -15,3 +17,14 @@ from tff_dp import runtime  # noqa: E402
 def _stop_tff_workers_at_session_end():
   yield
   runtime.shutdown_workers()
+
+
+@pytest.fixture(scope='session')
+def tiny_tag_task(tmp_path_factory):
+  import tasks   # pylint: disable=g-import-not-at-top  (TensorFlow: only for tests that use it)
+  from tasks import synthetic_data   # pylint: disable=g-import-not-at-top
+  path = str(tmp_path_factory.mktemp('tiny_tag_cache'))
+  synthetic_data.write_stackoverflow_cache(path, num_train_clients=6, examples_per_client=8,
+                                           seed=1, vocab_size=200, num_tags=30, num_topics=5)
+  return tasks.build_task('stackoverflow_tag', path, client_batch_size=4, shuffle_seed=0,
+                          word_vocab_size=200, tag_vocab_size=30)

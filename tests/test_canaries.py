@@ -76,17 +76,50 @@ def test_directions_are_isotropic_unit_vectors():
   assert per_coordinate_variance.max() * d < 1.5   # No preferred coordinate (chi2_n/n spread).
   pairs = (rows[: n // 2] * rows[n // 2:]).sum(axis=1)
   assert abs(pairs.std() * math.sqrt(d) - 1) < 0.1
-  assert abs(pairs.mean()) < 4 / math.sqrt(d * n / 2)
+  # Shifts of one base vector g: the cosines at all d - 1 lags sum to (sum g)^2/|g|^2 - 1
+  # (a chi2_1 - 1 variable), a common offset of order 1/d around which pairs scatter as
+  # independent directions' would around 0.
+  g = rows[0]
+  offset = (g.sum() ** 2 - 1) / (d - 1)
+  assert abs(pairs.mean() - offset) < 4 / math.sqrt(d * n / 2)
 
 
 def test_directions_without_a_seed_are_secret_and_differ_between_runs():
   a = canaries.CanaryDirections(dim=100, num_inserted=2)
   b = canaries.CanaryDirections(dim=100, num_inserted=2)
   assert abs(a.direction('inserted', 0) @ b.direction('inserted', 0)) < 0.6
-  state = a.secret_state()
-  assert state['secret'] not in repr(a) and state['secret'] not in str(a)
-  restored = canaries.CanaryDirections.from_secret_state(state)
+  assert len(a.key) == canaries.KEY_BYTES and a.key != b.key
+  assert a.key.hex() not in repr(a) and str(a.base_seed()[0]) not in repr(a)
+  restored = canaries.CanaryDirections(dim=100, num_inserted=2, key=a.key)
   np.testing.assert_array_equal(restored.block('inserted', 0, 2), a.block('inserted', 0, 2))
+  assert canaries.CanaryDirections(dim=100, num_inserted=2, seed=1).key is None
+
+
+def test_directions_are_distinct_shifts_of_one_base_vector():
+  dirs = canaries.CanaryDirections(dim=1001, num_inserted=300, num_unseen=200, seed=8)
+  length = dirs.length
+  assert length >= 1001
+  shifts = np.concatenate([dirs.shifts('inserted'), dirs.shifts('unseen')])
+  assert len(set(shifts.tolist())) == 500 and shifts.min() >= 0 and shifts.max() < length
+  base = np.random.Generator(np.random.PCG64(list(dirs.base_seed()))).standard_normal(length)
+  s = int(dirs.shifts('unseen')[7])
+  # The first d entries of roll(g, s): entry i is g[(i - s) mod D] (tf.roll's convention).
+  window = base[(np.arange(1001) - s) % length]
+  np.testing.assert_allclose(dirs.direction('unseen', 7), window / np.linalg.norm(window))
+
+
+def test_fft_cosines_equal_direct_dot_products():
+  rng = np.random.default_rng(12)
+  dirs = canaries.CanaryDirections(dim=4099, num_inserted=40, num_unseen=30, seed=13)
+  assert dirs.length > 4099   # A prime: the base is longer, and windows of it wrap around.
+  delta = rng.standard_normal(4099) + 60 * dirs.direction('inserted', 5)
+  fast = dirs.cosines(delta)
+  for group, count in (('inserted', 40), ('unseen', 30)):
+    rows = dirs.block(group, 0, count)
+    np.testing.assert_allclose(fast[group], rows @ delta / np.linalg.norm(delta), atol=1e-12)
+  assert fast['inserted'][5] > 0.5
+  zero = dirs.cosines(np.zeros(4099))
+  assert not zero['inserted'].any() and zero['unseen'].shape == (30,)
 
 
 @pytest.mark.parametrize('call, message', [
@@ -98,7 +131,8 @@ def test_directions_without_a_seed_are_secret_and_differ_between_runs():
     (lambda: canaries.CanaryDirections(dim=3, num_inserted=2).block('inserted', 1, 3), '`stop`'),
     (lambda: canaries.CanaryDirections(dim=3, num_inserted=2).block('inserted', 0.5, 1),
      '`start`'),
-    (lambda: canaries.CanaryDirections.from_secret_state({'dim': 3}), '`secret`'),
+    (lambda: canaries.CanaryDirections(dim=3, num_inserted=2, key=b'short'), '`key`'),
+    (lambda: canaries.CanaryDirections(dim=3, num_inserted=2, num_unseen=2), '`dim`'),
     (lambda: canaries.as_weight_shapes(np.zeros(5), [(2, 2)]), '`flat`'),
 ])
 def test_direction_arguments_are_checked_by_name(call, message):

@@ -5,18 +5,12 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-import tasks
-from tasks import synthetic_data
 from tff_dp.training import fed_avg
 
 
-@pytest.fixture(scope='module')
-def task(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp('cache'))
-  synthetic_data.write_stackoverflow_cache(path, num_train_clients=6, examples_per_client=8,
-                                           seed=1, vocab_size=200, num_tags=30, num_topics=5)
-  return tasks.build_task('stackoverflow_tag', path, client_batch_size=4, shuffle_seed=0,
-                          word_vocab_size=200, tag_vocab_size=30)
+@pytest.fixture
+def task(tiny_tag_task):
+  return tiny_tag_task
 
 
 def _client_graph(process) -> bytes:

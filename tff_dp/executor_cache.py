@@ -61,15 +61,17 @@ class BoundedExecutorFactory(tff.framework.ExecutorFactory):
     self._live[key] = saved
     self._live.move_to_end(key)
     while len(self._live) > self._max:
-      _, oldest = self._live.popitem(last=False)
-      self._inner.clean_up_executor(dict(oldest))
+      self._evict_oldest()
     return executor
 
   def close_all(self) -> None:
     """Closes every executor kept alive (before the worker is stopped: no call may run)."""
     while self._live:
-      _, oldest = self._live.popitem(last=False)
-      self._inner.clean_up_executor(dict(oldest))
+      self._evict_oldest()
+
+  def _evict_oldest(self) -> None:
+    _, oldest = self._live.popitem(last=False)
+    self._inner.clean_up_executor(dict(oldest))
 
   def clean_up_executor(self, cardinalities):
     self._live.pop(_key(cardinalities), None)

@@ -264,23 +264,25 @@ class ShuffledSampler:
                                 sample_size=self.sample_size, epoch=self.epoch(round_num))
 
 
-def load_key(path: str) -> Optional[bytes]:
-  """The shuffling key stored at `path` (None if there is none yet)."""
+def load_key(path: str, what: str = 'shuffling key') -> Optional[bytes]:
+  """The secret key stored at `path` (None if there is none yet); `what` names it in errors
+  (a run keeps its shuffling key and its canary key this way, both of KEY_BYTES)."""
   try:
     with open(path, 'rb') as f:
       key = f.read()
   except FileNotFoundError:
     return None
   if len(key) != KEY_BYTES:
-    raise errors.UserInputError(f'{path} is not a shuffling key ({len(key)} bytes, expected '
+    raise errors.UserInputError(f'{path} is not a {what} ({len(key)} bytes, expected '
                                 f'{KEY_BYTES}); it was damaged, and without it the run cannot '
-                                'resume its epochs.')
+                                'be resumed.')
   return key
 
 
 def save_key(path: str, key: bytes) -> None:
-  """Stores the shuffling key at `path`, readable by its owner only, durably (a resume needs
-  it: a new key mid-epoch would let clients participate twice in the epoch)."""
+  """Stores a secret key at `path`, readable by its owner only, durably (a resume needs it: a
+  new shuffling key mid-epoch would let clients participate twice in the epoch; new canary
+  directions would break the canary statistics)."""
   fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
   try:
     os.write(fd, key)

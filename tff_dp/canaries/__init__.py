@@ -1,13 +1,17 @@
 """Canary clients for one-shot empirical privacy estimation (Andrew et al., ICLR 2024).
 
-* `CanaryDirections`: the secret random unit directions of inserted and unseen canaries,
-  regenerated on demand from a secret kept with the checkpoint (`directions.py`).
+* `CanaryDirections`: the secret random unit directions of inserted and unseen canaries (secret
+  cyclic shifts of one secret Gaussian vector), regenerated from a key kept beside the
+  checkpoints; their cosines with a model change by one FFT (`directions.py`).
+* `CanaryTracker`: a run's canary statistics over rounds (initial weights, running maxima) and
+  its two estimates (`tracker.py`).
+* `insertion` (TensorFlow, imported on its own): canary clients inside a TFF learning process.
 * `cosines`, `all_iterates_statistic`: the test statistics of the final-model and the
   all-iterates threat models; `epsilon_from_cosines_closed_form_null` (the paper's final-model
   estimate), `epsilon_from_cosines` (empirical null), `all_iterates_epsilon`,
   `gaussian_pair_epsilon`; results as `CanaryEstimate` (`estimate.py`).
 
-numpy and scipy only: no TensorFlow is imported. An estimate is reported beside the
+Importing the package loads numpy and scipy only, no TensorFlow. An estimate is reported beside the
 accountant's proven epsilon, never instead of it.
 """
 
@@ -16,6 +20,7 @@ from tff_dp.canaries.directions import CanaryDirections
 from tff_dp.canaries.directions import dimension
 from tff_dp.canaries.directions import flatten
 from tff_dp.canaries.directions import INSERTED
+from tff_dp.canaries.directions import KEY_BYTES
 from tff_dp.canaries.directions import UNSEEN
 from tff_dp.canaries.estimate import all_iterates_epsilon
 from tff_dp.canaries.estimate import all_iterates_statistic
@@ -24,9 +29,11 @@ from tff_dp.canaries.estimate import cosines
 from tff_dp.canaries.estimate import epsilon_from_cosines
 from tff_dp.canaries.estimate import epsilon_from_cosines_closed_form_null
 from tff_dp.canaries.estimate import gaussian_pair_epsilon
+from tff_dp.canaries.tracker import CanaryTracker
 
 __all__ = [
-    'as_weight_shapes', 'CanaryDirections', 'dimension', 'flatten', 'INSERTED', 'UNSEEN',
+    'as_weight_shapes', 'CanaryDirections', 'dimension', 'flatten', 'INSERTED', 'KEY_BYTES', 'UNSEEN',
     'all_iterates_epsilon', 'all_iterates_statistic', 'CanaryEstimate', 'cosines',
     'epsilon_from_cosines', 'epsilon_from_cosines_closed_form_null', 'gaussian_pair_epsilon',
+    'CanaryTracker',
 ]

@@ -51,6 +51,7 @@ class LoopComponents:
   # (client id, checked dataset) -> what `process.next` receives for an accepted client; None:
   # the dataset. The id when `process` builds the datasets on the workers.
   client_value_fn: Optional[Callable[[Any, Any], Any]] = None
+  canaries: Any = None                           # canary_run.CanaryRun, or None (no canaries)
 
 
 @dataclasses.dataclass

@@ -1,7 +1,7 @@
 """The configuration of a run: nested, frozen, keyword-only sections, one field per setting.
 
 `ExperimentConfig` holds one section per concern (task and data, sampling, training, dp,
-accounting, adadps, checkpoint_aggregation, runtime, output, paper). Each field is declared once,
+accounting, adadps, checkpoint_aggregation, canaries, runtime, output, paper). Each field is declared once,
 with its type, default, help and checks (`setting`); everything else derives from the fields:
 the command line's flags (`tff_dp.training.config_flags`, one flag per field under the field's
 flat name, so flag files keep working), the checks, the run's `config.json` (`settings()`, a
@@ -451,11 +451,34 @@ class PaperConfig(Section):
       check=(_finite_numbers, 'must map names to finite numbers'), resumable=True)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CanaryConfig(Section):
+  """Empirical privacy estimation with canary clients (Andrew et al., ICLR 2024)."""
+  num_canaries: int = setting(
+      0, 'Insert this many canary clients into the population: sampled like real clients '
+      '(the population, q and the ledger count them), each sending its own secret random '
+      'direction, which every clip cuts to the clip norm. 0: no canaries.',
+      check=_NON_NEGATIVE)
+  num_unseen_canaries: Optional[int] = setting(
+      None, 'Canary directions drawn but never inserted: the fitted null of the all-iterates '
+      'estimate. Unset: as many as `num_canaries`.', check=_NON_NEGATIVE)
+  canary_seed: Optional[int] = setting(
+      None, 'Make the canary directions reproducible from this seed (tests). Unset: they come '
+      'from a secret key kept beside the checkpoints, as the estimate assumes.',
+      check=(lambda v: 0 <= v < 2**63, 'must be in [0, 2^63) when set'))
+
+  @property
+  def unseen(self) -> int:
+    """The number of unseen canaries (`num_unseen_canaries`, defaulting to `num_canaries`)."""
+    return self.num_canaries if self.num_unseen_canaries is None else self.num_unseen_canaries
+
+
 # The sections in the order the help and the documentation show them.
 SECTIONS = {
     'task': TaskConfig, 'sampling': SamplingConfig, 'training': TrainingConfig,
     'dp': DPConfig, 'accounting': AccountingConfig, 'adadps': AdaDPSConfig,
-    'checkpoint_aggregation': CheckpointAggregationConfig, 'runtime': RuntimeConfig,
+    'checkpoint_aggregation': CheckpointAggregationConfig, 'canaries': CanaryConfig,
+    'runtime': RuntimeConfig,
     'output': OutputConfig, 'paper': PaperConfig,
 }
 
@@ -479,6 +502,7 @@ class ExperimentConfig:
   accounting: AccountingConfig = _section(AccountingConfig)
   adadps: AdaDPSConfig = _section(AdaDPSConfig)
   checkpoint_aggregation: CheckpointAggregationConfig = _section(CheckpointAggregationConfig)
+  canaries: CanaryConfig = _section(CanaryConfig)
   runtime: RuntimeConfig = _section(RuntimeConfig)
   output: OutputConfig = _section(OutputConfig)
   paper: PaperConfig = _section(PaperConfig)
@@ -501,6 +525,13 @@ class ExperimentConfig:
       raise UserInputError('`max_epsilon` needs DP (`dp` != none)')
     if dp != 'none':
       accountant.check_analysable(self.sampling.client_sampling, dp in choices.TREE_DP_KINDS)
+    if self.canaries.num_canaries:
+      if dp == 'none':
+        raise UserInputError('`num_canaries` needs DP (`dp` != none): a canary\'s update is '
+                             'only bounded by the clip')
+      if self.runtime.datasets_on_workers:
+        raise UserInputError('`num_canaries` does not work with `datasets_on_workers` (a '
+                             'canary has no client id the workers could build data for)')
     if dp in choices.TREE_DP_KINDS and self.output.rounds_per_checkpoint != 1:
       raise UserInputError(
           f'`dp={dp}` needs `rounds_per_checkpoint=1`: a resume must not re-execute a round '

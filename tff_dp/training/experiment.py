@@ -18,14 +18,17 @@ import tensorflow_federated as tff
 
 from tff_dp import accounting
 from tff_dp import aggregators
+from tff_dp import canaries as canaries_lib
 from tff_dp import checkpoint_aggregation as ca
 from tff_dp import choices
 from tff_dp import ledger as ledger_lib
 from tff_dp import sampling
 from tff_dp.aggregators import non_finite
 from tff_dp.aggregators import privacy_queries as privacy_queries_lib
+from tff_dp.canaries import insertion as canary_insertion
 from tff_dp.errors import UserInputError
 from tff_dp.training import adadps_setup
+from tff_dp.training import canary_run
 from tff_dp.training import client_data
 from tff_dp.training import components
 from tff_dp.training import config as config_lib
@@ -191,9 +194,11 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
   if cfg.precondition != 'none' and cfg.side_info == 'public_clients':
     # Held-out public/proxy clients (the paper's OOD setting): removed from the private population.
     public_ids, train_ids = train_ids[:cfg.num_public_clients], train_ids[cfg.num_public_clients:]
-  sampler = _sampler(config.sampling, train_ids, run_dir.file(SAMPLING_KEY_FILE), cfg.resume)
+  # Inserted canaries are clients of the population: sampled, and counted in N and q.
+  population = canary_run.population(train_ids, cfg.num_canaries)
+  sampler = _sampler(config.sampling, population, run_dir.file(SAMPLING_KEY_FILE), cfg.resume)
   tree = cfg.dp in aggregators.TREE_KINDS
-  delta = cfg.delta if cfg.delta is not None else _default_delta(len(train_ids))
+  delta = cfg.delta if cfg.delta is not None else _default_delta(len(population))
   accountant = None
   if cfg.dp != 'none':
     # PLD at a 1e-3 value grid: dp_accounting discretizes pessimistically (a valid upper
@@ -231,7 +236,10 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
   process = fed_avg.build_fed_avg(
       task.model_fn, client_optimizer=client_optimizer, server_optimizer=server_optimizer,
       model_aggregator=aggregator if uniform else None, uniform=uniform,
-      loop_implementation=LOOP_IMPLEMENTATIONS[cfg.loop_implementation])
+      loop_implementation=LOOP_IMPLEMENTATIONS[cfg.loop_implementation],
+      canaries=bool(cfg.num_canaries))
+  canaries = _canaries(config.canaries, process, task, train_ids,
+                       run_dir.file(canary_run.KEY_FILE), cfg.resume)
   if cfg.datasets_on_workers:
     process = _with_datasets_on_workers(process, task)
   stop.raise_if_received('during start-up')
@@ -261,11 +269,14 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
 
   run_dir.create()
   run_dir.write_config(dict(config.settings(), delta_used=delta,
-                            population_size=len(train_ids), task=task.name),
+                            population_size=len(population), task=task.name),
                        changes=changes)
-  if isinstance(sampler, sampling.ShuffledSampler) and sampler.secret and (
-      sampling.load_key(run_dir.file(SAMPLING_KEY_FILE)) is None):
+  # A new run keeps its secret keys beside the checkpoints; a resumed one read them (`_sampler`
+  # and `_canaries` refuse to resume without them).
+  if isinstance(sampler, sampling.ShuffledSampler) and sampler.secret and not cfg.resume:
     sampling.save_key(run_dir.file(SAMPLING_KEY_FILE), sampler.key)
+  if canaries is not None and canaries.directions.key is not None and not cfg.resume:
+    sampling.save_key(run_dir.file(canary_run.KEY_FILE), canaries.directions.key)
   ledger = None
   if cfg.dp != 'none':
     # On resume, a partial last line is a record whose round released nothing (outputs are
@@ -282,7 +293,8 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
       planned_queries=planned_queries, planned_tree_leaf=1 if tree else None,
       clip_group_labels=clip_group_labels,
       check_client_fn=lambda ds: client_data.check_client_dataset(ds, max_index),
-      client_value_fn=client_id_argument if cfg.datasets_on_workers else None)
+      client_value_fn=client_id_argument if cfg.datasets_on_workers else None,
+      canaries=canaries)
   loop_config = components.LoopConfig(
       total_rounds=cfg.total_rounds, rounds_per_eval=cfg.rounds_per_eval,
       rounds_per_checkpoint=cfg.rounds_per_checkpoint, delta=delta,
@@ -291,6 +303,26 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
       client_cache_size=cfg.client_cache_size, prefetch_clients=cfg.prefetch_clients,
       worker_restart_rounds=cfg.worker_restart_rounds)
   return loop_config, parts
+
+
+def _canaries(cfg: config_lib.CanaryConfig, process, task, train_ids, key_path: str,
+              resume: bool) -> Optional[canary_run.CanaryRun]:
+  """The run's canaries (None without): directions in the dimension of the model's trainable
+  weights, from `canary_seed`, or from the key at `key_path` (a resume), or a new key."""
+  if not cfg.num_canaries:
+    return None
+  shapes = [w.shape for w in process.get_model_weights(process.initialize()).trainable]
+  key = None
+  if cfg.canary_seed is None:
+    key = sampling.load_key(key_path, what='canary key')
+    if key is None and resume:
+      raise UserInputError(f'`resume`: {key_path} is missing; without the canary key the '
+                           'canary statistics cannot be continued')
+  directions = canaries_lib.CanaryDirections(
+      canaries_lib.dimension(shapes), cfg.num_canaries, cfg.unseen, seed=cfg.canary_seed,
+      key=key, base_fn=canary_insertion.tf_base_vector)
+  dataset_fn = _client_dataset_fn(task)
+  return canary_run.CanaryRun(directions, lambda: dataset_fn(train_ids[0]).take(0))
 
 
 def _clip_group_labels(dp_factory, weight_names: list[str]) -> dict[str, str]:

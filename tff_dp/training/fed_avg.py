@@ -22,6 +22,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_dp.canaries import insertion
+
 
 def _zero_initial_values(next_creator, **kwargs):
   """Variable creator: trainable variables start as zeros instead of running the initializer."""
@@ -48,6 +50,7 @@ def build_fed_avg(model_fn: Callable[[], tff.learning.models.VariableModel], *,
                   model_aggregator=None, uniform: bool = True,
                   loop_implementation: tff.learning.LoopImplementation = (
                       tff.learning.LoopImplementation.DATASET_ITERATOR),
+                  canaries: bool = False,
                   ) -> tff.learning.templates.LearningProcess:
   """`build_unweighted_fed_avg` (uniform) or `build_weighted_fed_avg` (by example count).
 
@@ -69,6 +72,8 @@ def build_fed_avg(model_fn: Callable[[], tff.learning.models.VariableModel], *,
   client_work = tff.learning.templates.build_model_delta_client_work(
       client_model_fn(model_fn), client_optimizer, client_weighting=weighting,
       loop_implementation=loop_implementation)
+  if canaries:
+    client_work = insertion.build_canary_client_work(client_work)
   return tff.learning.templates.compose_learning_process(
       initial_model_weights_fn,
       tff.learning.templates.build_broadcast_process(weights_type),

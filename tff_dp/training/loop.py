@@ -59,9 +59,16 @@ def _start(config: components.LoopConfig, c: components.LoopComponents
   resumed run, its checkpoint, with the ledger reconciled and replayed into the accountant."""
   recent: collections.deque = collections.deque(maxlen=max(config.uncertainty_last_k, 1))
   state = c.process.initialize()
+  tracker = None
+  if c.canaries is not None:
+    c.canaries.start(_trainable(c.process, state))
+    tracker = c.canaries.tracker
   if not c.run_dir.resume:
-    return checkpointing.Progress(round_num=0, state=state, recent=recent, checkpointed=0), None
-  point = resume.restore(c.run_dir, state, c.aggregates, recent, c.log)
+    return checkpointing.Progress(round_num=0, state=state, recent=recent, checkpointed=0,
+                                  canary_tracker=tracker), None
+  point = resume.restore(c.run_dir, state, c.aggregates, recent, c.log, tracker)
+  if c.canaries is not None:
+    c.canaries.continue_from(_trainable(c.process, point.state))
   last_record = None
   if c.ledger is not None:
     c.ledger, records = resume.reconcile_ledger(c.ledger, c.run_dir, point.round_num, c.log)
@@ -69,8 +76,22 @@ def _start(config: components.LoopConfig, c: components.LoopComponents
       c.accountant.add(record)
     last_record = records[-1] if records else None
   progress = checkpointing.Progress(round_num=point.round_num, state=point.state,
-                                    recent=point.recent, checkpointed=point.round_num)
+                                    recent=point.recent, checkpointed=point.round_num,
+                                    canary_tracker=tracker)
   return progress, last_record
+
+
+def _trainable(process, state) -> list[np.ndarray]:
+  """The trainable weights of the model in `state`.
+
+  A composed process's state (`tff.learning.templates.LearningAlgorithmState`) is already on the
+  coordinator, so its weights are read from it; `process.get_model_weights` would be a
+  computation call that sends the whole state to the worker and back (most of the canaries'
+  per-round cost on the EMNIST CNN when measured that way)."""
+  weights = getattr(state, 'global_model_weights', None)
+  if weights is None:
+    weights = process.get_model_weights(state)
+  return [np.asarray(w) for w in weights.trainable]
 
 
 class _Rounds:
@@ -149,12 +170,28 @@ class _Rounds:
     is_eval_round = self.c.evaluator is not None and (
         round_num % config.rounds_per_eval == 0 or is_last)
     state, weights = self._update_aggregates(round_num, output.state, is_eval_round, row)
+    if self.c.canaries is not None:
+      self._observe_canaries(round_num, output.state, state, row)
     if is_eval_round:
       self._evaluate(weights, row)
     self._release(round_num, state, row, round_start)
     if (config.worker_restart_rounds and round_num % config.worker_restart_rounds == 0
         and round_num < config.total_rounds):
       runtime.restart_local_worker()   # Between rounds: no computation is running.
+
+  def _observe_canaries(self, round_num: int, round_state, next_state,
+                        row: dict[str, Any]) -> None:
+    """Adds the round's model change to the canary statistics; on evaluation rounds and the
+    last round, the two estimates at the run's delta (`canary_run`'s columns)."""
+    config, canaries = self.config, self.c.canaries
+    t0 = time.perf_counter()
+    end = _trainable(self.c.process, round_state)
+    canaries.observe_round(end)
+    if next_state is not round_state:   # Restarted from a checkpoint aggregate.
+      canaries.continue_from(_trainable(self.c.process, next_state))
+    if round_num % config.rounds_per_eval == 0 or round_num == config.total_rounds:
+      row.update(canaries.estimates(end, config.delta))
+    row['canary_seconds'] = time.perf_counter() - t0   # The bookkeeping's cost (a timing).
 
   def _train(self, round_num: int, row: dict[str, Any]):
     """Samples the round's clients and runs `process.next`; its output, or None if a stop
@@ -163,15 +200,22 @@ class _Rounds:
     c, config = self.c, self.config
     client_ids = c.sampler.sample(round_num)
     row['num_clients'] = len(client_ids)
+    canary_ids = []
+    if c.canaries is not None:
+      canary_ids = [i for i in client_ids if c.canaries.is_canary(i)]
+      client_ids = [i for i in client_ids if not c.canaries.is_canary(i)]
     t0 = time.perf_counter()
     datasets, rejected = self.client_data.get(client_ids) if client_ids else ([], {})
+    if c.canaries is not None:
+      datasets = c.canaries.round_values(datasets, canary_ids)
     if rejected:
       row['clients_rejected'] = len(rejected)
       if not config.private_release:   # Names clients: a non-private diagnostic.
         for cid, reason in list(rejected.items())[:5]:
           c.log(f'round {round_num}: client {cid} skipped: {reason}')
     if round_num < config.total_rounds:
-      self.client_data.prefetch(c.sampler.sample(round_num + 1))
+      self.client_data.prefetch([i for i in c.sampler.sample(round_num + 1)
+                                 if c.canaries is None or not c.canaries.is_canary(i)])
     # A round whose sample is empty (Poisson drew nobody, or every sampled client was
     # rejected) still runs: the sampled Gaussian mechanism releases a noised zero sum, the
     # model moves by noise alone, and the round is recorded like any other, so that neither
@@ -259,7 +303,8 @@ class _Rounds:
     with run_dir_lib.writing(f'the outputs of round {round_num}', c.run_dir.path):
       if checkpoint_now:
         # Before any output of the round is released (see resume.reconcile_ledger).
-        checkpointing.save(c.run_dir, round_num, state, c.aggregates, progress.recent)
+        checkpointing.save(c.run_dir, round_num, state, c.aggregates, progress.recent,
+                           progress.canary_tracker)
       # Whole round: sampling, data, TFF round, ledger, accounting, eval, checkpoint.
       row['wall_seconds'] = time.perf_counter() - round_start
       row = privacy_statement.released_row(row, config.private_release)

@@ -1,10 +1,17 @@
-"""The per-round metrics CSV (written by `run_dir.MetricsCsv`) read back as numbers, and which
-of its columns hold clip norms. Shared by the run's own plots, the console line and the paper
+"""The per-round metrics CSV (written by `run_dir.MetricsCsv`) read back as numbers, which of
+its columns hold clip norms, and the columns of the canaries' epsilon estimates. Shared by the run's own plots, the console line and the paper
 tables, so they agree on what a column means."""
 
 import csv
 import math
 import os
+
+# The canaries' empirical epsilon estimates at the run's delta (tff_dp.training.canary_run),
+# with how plots and tables name them.
+CANARY_EPSILON_COLUMNS = {
+    'canary_epsilon_final_model': 'canary estimate, final model',
+    'canary_epsilon_all_iterates': 'canary estimate, all iterates',
+}
 
 
 def is_clip_column(key: str) -> bool:

@@ -1,4 +1,5 @@
-"""PNG plots written by every run: epsilon vs round, clip norm(s) vs round, accuracy vs epsilon.
+"""PNG plots written by every run: epsilon vs round, clip norm(s) vs round, accuracy vs epsilon,
+and, in a run with canaries, estimated vs proven epsilon vs round.
 
 Every epsilon axis states the delta and the accountant; every curve has markers, so a run of
 one round still shows its point.
@@ -26,7 +27,7 @@ def _read_columns(metrics_csv: str) -> dict[str, list[float]]:
 
 
 def _finite_pairs(xs, ys):
-  pairs = [(x, y) for x, y in zip(xs, ys) if not (math.isnan(x) or math.isnan(y))]
+  pairs = [(x, y) for x, y in zip(xs, ys) if math.isfinite(x) and math.isfinite(y)]
   return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
@@ -69,6 +70,19 @@ def _clip_label(column: str, group_labels: Mapping[str, str]) -> str:
   return f'{group}: {group_labels[group]}' if group in group_labels else label
 
 
+def _epsilon_figure(rounds, curves, ylabel: str, title: str):
+  """Epsilon curves [(values, label, line style)] against rounds, from zero, with room above."""
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for values, label, style in curves:
+    ax.plot(*_finite_pairs(rounds, values), marker='o', markersize=3, linestyle=style,
+            label=label)
+  ax.set(xlabel='round', ylabel=ylabel, title=title)
+  ax.set_ylim(0, ax.get_ylim()[1] * 1.08)
+  _round_axis(ax, rounds)
+  ax.legend(fontsize='small')
+  return fig
+
+
 def write_run_plots(metrics_csv: str, out_dir: str, *, delta: Optional[float] = None,
                     clip_group_labels: Optional[Mapping[str, str]] = None) -> list[str]:
   """Writes the standard plots for a run's metrics CSV; returns the paths written.
@@ -94,16 +108,20 @@ def write_run_plots(metrics_csv: str, out_dir: str, *, delta: Optional[float] = 
   eps_cols = [k for k in ('epsilon_rdp', 'epsilon_pld')
               if k in cols and not all(math.isnan(v) for v in cols[k])]
   if eps_cols:
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for k in eps_cols:
-      ax.plot(*_finite_pairs(rounds, cols[k]), marker='o', markersize=3,
-              label=f'{_ACCOUNTANTS[k]} accountant')
-    ax.set(xlabel='round', ylabel=epsilon_axis_label(delta, [_ACCOUNTANTS[k] for k in eps_cols]),
-           title='Privacy spent (accounted from the ledger)')
-    ax.set_ylim(0, ax.get_ylim()[1] * 1.08)   # From zero, with room above the last point.
-    _round_axis(ax, rounds)
-    ax.legend()
-    save(fig, 'epsilon_vs_round.png')
+    save(_epsilon_figure(rounds, [(cols[k], f'{_ACCOUNTANTS[k]} accountant', '-')
+                                  for k in eps_cols],
+                         epsilon_axis_label(delta, [_ACCOUNTANTS[k] for k in eps_cols]),
+                         'Privacy spent (accounted from the ledger)'),
+         'epsilon_vs_round.png')
+
+  estimate_cols = [k for k in metrics_file.CANARY_EPSILON_COLUMNS
+                   if k in cols and not all(math.isnan(v) for v in cols[k])]
+  if estimate_cols:
+    curves = ([(cols[k], f'proven bound ({_ACCOUNTANTS[k]} accountant)', '-') for k in eps_cols]
+              + [(cols[k], metrics_file.CANARY_EPSILON_COLUMNS[k], '--') for k in estimate_cols])
+    at = f' at delta = {delta:.3g}' if delta is not None else ''
+    save(_epsilon_figure(rounds, curves, f'epsilon{at}', 'Estimated (canaries) vs proven epsilon'),
+         'epsilon_estimated_vs_proven.png')
 
   clip_cols = sorted(k for k in cols if metrics_file.is_clip_column(k))
   if clip_cols:

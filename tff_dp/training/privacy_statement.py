@@ -5,7 +5,8 @@ ledger) covers the outputs of the DP mechanism and their post-processing: the mo
 round (checkpoints, evaluation of it and of its EMA / past-k averages on held-out test data),
 the clip trajectory and the noised unclipped-fraction estimate of adaptive clipping (they are
 computed from noised queries), the ledger and epsilon (functions of the executed mechanism,
-not of client data). Everything else a run can show depends on client data without noise and
+not of client data), and the canaries' empirical epsilon estimates (functions of the released
+models and of canary directions drawn independently of the data). Everything else a run can show depends on client data without noise and
 is a non-private diagnostic: how many clients a round sampled, which clients were rejected and
 why, how many updates were zeroed, round timings and the clients' training loss/accuracy.
 
@@ -17,7 +18,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 # Columns (or prefixes) of metrics.csv that are covered by the guarantee.
 _COVERED_COLUMNS = ('round', 'trained_from_aggregate')
-_COVERED_PREFIXES = ('epsilon_', 'eval_')
+_COVERED_PREFIXES = ('epsilon_', 'eval_', 'canary_epsilon_')
 # Measurement names of the DP aggregators (tff_dp.aggregators) whose values are computed from
 # noised queries or from the pre-round (already released) query state.
 _COVERED_AGGREGATOR_KEYS = frozenset({
@@ -110,7 +111,9 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
           'eval_* metrics on held-out test data, EMA / past-k models, uncertainty.json',
           'the clip norms, clip scales and noised unclipped-fraction estimates of adaptive '
           'clipping (aggregator/* columns of those names)',
-          'ledger.jsonl and epsilon_* (functions of the executed mechanism only)'],
+          'ledger.jsonl and epsilon_* (functions of the executed mechanism only)',
+          'canary_epsilon_* (empirical estimates from the released models and the secret '
+          'canary directions, which are independent of the data)'],
       'private_release': private_release,
       'non_private_diagnostics': (
           [] if private_release else
@@ -119,6 +122,24 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
       'note': ('non-private diagnostics depend on client data without noise; publish a run '
                'as it is only if it ran with private_release' if not private_release else
                'no non-private diagnostic was written or printed'),
+  }
+
+
+def empirical_estimate(num_canaries: int, num_unseen: int,
+                       estimates: Mapping[str, Any]) -> dict[str, Any]:
+  """The statement's `empirical_estimate` entry: the canaries' estimates (name ->
+  `canaries.CanaryEstimate`) beside the proven epsilon, and what they are."""
+  return {
+      'canaries': num_canaries,
+      'unseen_canaries': num_unseen,
+      'method': 'one-shot empirical privacy estimation (Andrew et al., ICLR 2024): canary '
+                'clients with secret random directions, Gaussian fits of their cosines with '
+                'the model change (final model) or the per-round changes (all iterates)',
+      'note': 'a point estimate of what an adversary in each threat model achieves at the '
+              'run\'s delta, not an upper bound: the proven bound is `epsilon`',
+      'estimates': {name: {'epsilon': e.epsilon, 'mu': e.mu, 'sigma': e.sigma,
+                           'null_mu': e.null_mu, 'null_sigma': e.null_sigma}
+                    for name, e in estimates.items()},
   }
 
 
@@ -143,6 +164,12 @@ def format_statement(s: Mapping[str, Any]) -> str:
               'NOT secret (sampling seed given)'),
            '  covers: the model and checkpoints, eval metrics, clip trajectory, ledger and '
            'epsilon']
+  estimate = s.get('empirical_estimate')
+  if estimate:
+    found = ', '.join(f'{name.replace("_", " ")} {value["epsilon"]:.4g}'
+                      for name, value in estimate['estimates'].items())
+    lines.append(f'  empirical epsilon at delta = {s["delta"]:g} from {estimate["canaries"]} '
+                 f'canaries (an estimate, not a bound): {found or "n/a"}')
   if s['private_release']:
     lines.append('  private release: no non-private diagnostic was written or printed')
   else:

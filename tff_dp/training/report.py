@@ -33,6 +33,9 @@ def console_line(row: Mapping[str, Any], total_rounds: int) -> str:
   for method in choices.ACCOUNTANTS:
     if row.get(f'epsilon_{method}') is not None:
       parts.append(f'eps_{method} {row[f"epsilon_{method}"]:.4g}')
+  estimates = [f'{row[k]:.3g}' for k in metrics_file.CANARY_EPSILON_COLUMNS if k in row]
+  if estimates:
+    parts.append(f'eps_canary {"/".join(estimates)}')
   if 'eval_accuracy' in row:
     parts.append(f'eval_acc {row["eval_accuracy"]:.4f}')
   if 'round_seconds' in row:
@@ -50,8 +53,10 @@ def write_final_report(config: components.LoopConfig, c: components.LoopComponen
       summary = dataclasses.replace(summary, uncertainty=_write_uncertainty(c, list(recent)))
     plots.write_run_plots(c.run_dir.file('metrics.csv'), c.run_dir.file('plots'),
                           delta=config.delta, clip_group_labels=c.clip_group_labels)
-    summary = dataclasses.replace(
-        summary, privacy=_privacy_statement(config, c, summary.rounds_completed))
+    privacy = _privacy_statement(config, c, summary.rounds_completed)
+    if c.canaries is not None and summary.final_state is not None and config.dp != 'none':
+      privacy['empirical_estimate'] = _canary_estimates(config, c, summary.final_state)
+    summary = dataclasses.replace(summary, privacy=privacy)
     c.run_dir.write_json('summary.json', {
         'rounds_completed': summary.rounds_completed, 'total_rounds': config.total_rounds,
         'stopped_by_max_epsilon': summary.stopped_by_max_epsilon,
@@ -74,6 +79,18 @@ def _privacy_statement(config: components.LoopConfig, c: components.LoopComponen
       released_columns=rows[0].keys() if rows else (),
       **({'neighboring_relation': c.accountant.neighboring_relation}
          if c.accountant is not None else {}))
+
+
+def _canary_estimates(config: components.LoopConfig, c: components.LoopComponents,
+                      final_state) -> dict[str, Any]:
+  """The statement's empirical estimate of the final model (and of all iterates)."""
+  tracker = c.canaries.tracker
+  trainable = [np.asarray(w) for w in c.process.get_model_weights(final_state).trainable]
+  estimates = {'final_model': tracker.final_model_estimate(trainable, config.delta),
+               'all_iterates': tracker.all_iterates_estimate(config.delta)}
+  return privacy_statement.empirical_estimate(
+      tracker.directions.num_inserted, tracker.directions.num_unseen,
+      {name: e for name, e in estimates.items() if e is not None})
 
 
 def _write_uncertainty(c: components.LoopComponents, recent) -> dict[str, Any]:

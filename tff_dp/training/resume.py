@@ -27,15 +27,18 @@ class ResumePoint:
 
 
 def restore(run_dir, initial_state, aggregates: Mapping[str, Any], recent: collections.deque,
-            log: Callable[[str], None]) -> ResumePoint:
-  """Loads the latest checkpoint into `aggregates` and `recent` (initial state if none), and
-  moves the metrics rows of later rounds, which are re-executed, to metrics.superseded.csv."""
+            log: Callable[[str], None], canary_tracker=None) -> ResumePoint:
+  """Loads the latest checkpoint into `aggregates`, `recent` and `canary_tracker` (initial
+  state if none), and moves the metrics rows of later rounds, which are re-executed, to
+  metrics.superseded.csv."""
   state, round_num = initial_state, 0
-  loaded = checkpointing.load_latest(run_dir, initial_state, aggregates)
+  loaded = checkpointing.load_latest(run_dir, initial_state, aggregates, canary_tracker)
   if loaded is not None:
     state = loaded['state']
     for name, agg in aggregates.items():
       agg.set_state(loaded['aggregates'][name])
+    if canary_tracker is not None:
+      canary_tracker.set_state(loaded['canaries'])
     recent.extend(list(loaded['recent']))
     round_num = int(loaded['round_num'])
   # Rows of rounds after the checkpoint (or of every round, if none was saved yet) are kept

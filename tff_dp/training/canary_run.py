@@ -1,0 +1,94 @@
+"""Canary clients in a run: their ids in the population, their values in a round, their
+statistics over rounds and the estimates the loop reports (issue 16; `tff_dp.canaries`).
+
+The K inserted canaries are clients of the population like any other: the sampler draws them
+(so N, q and the ledger count them) and the round's aggregator clips and noises their updates.
+A canary's id is a `CanaryId`; the loop reads real clients' data for the other ids and asks
+`round_values` for the whole round's client values. The directions' key lives in a file beside
+the checkpoints (`KEY_FILE`, owner-readable, like the shuffled sampler's key); the tracker's
+statistics go into the checkpoint (`tracker.get_state()`).
+"""
+
+import dataclasses
+from typing import Any, Callable, Hashable, Optional, Sequence
+
+import numpy as np
+
+from tff_dp import canaries
+from tff_dp.canaries import insertion
+from tff_dp.training import metrics_file
+
+KEY_FILE = 'canary_key.secret'
+# metrics.csv columns of the two estimates (at the run's delta; post-processing of the released
+# models and of randomness independent of the data, so covered by the guarantee).
+FINAL_MODEL_COLUMN, ALL_ITERATES_COLUMN = metrics_file.CANARY_EPSILON_COLUMNS
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class CanaryId:
+  """The client id of inserted canary `index` (never equal to a task's client id)."""
+  index: int
+
+  def __str__(self) -> str:
+    return f'canary-{self.index}'
+
+
+def population(client_ids: Sequence[Hashable], num_canaries: int) -> list:
+  """The sampled population: the real clients, then the inserted canaries."""
+  return list(client_ids) + [CanaryId(k) for k in range(num_canaries)]
+
+
+class CanaryRun:
+  """The canaries of one run: `directions` (with the run's key or seed) and the dataset an
+  inserted canary trains on (`empty_dataset_fn()`: an empty dataset of the clients' element
+  type). `start(initial_trainable)` before the first round."""
+
+  def __init__(self, directions: canaries.CanaryDirections,
+               empty_dataset_fn: Callable[[], Any]):
+    self.directions = directions
+    self._empty_dataset_fn = empty_dataset_fn
+    self._empty = None
+    self._markers = insertion.markers(directions)
+    self.tracker: Optional[canaries.CanaryTracker] = None
+    self._previous: Optional[list[np.ndarray]] = None
+
+  @staticmethod
+  def is_canary(client_id: Hashable) -> bool:
+    return isinstance(client_id, CanaryId)
+
+  def start(self, initial_trainable: Sequence[Any]) -> None:
+    """A new run from these trainable weights (a resume then restores the tracker's state)."""
+    self.tracker = canaries.CanaryTracker(self.directions, initial_trainable)
+    self._previous = [np.asarray(w) for w in initial_trainable]
+
+  def continue_from(self, trainable: Sequence[Any]) -> None:
+    """The next round starts from these trainable weights (after a resume or a restart from
+    a checkpoint aggregate)."""
+    self._previous = [np.asarray(w) for w in trainable]
+
+  def round_values(self, real_values: Sequence[Any], canary_ids: Sequence[CanaryId]) -> list:
+    """The round's client values: each real client's dataset with the real marker, then each
+    sampled canary's empty dataset with its marker."""
+    if self._empty is None and canary_ids:
+      self._empty = self._empty_dataset_fn()
+    return ([insertion.client_value(v, insertion.REAL) for v in real_values]
+            + [insertion.client_value(self._empty, self._markers[cid.index])
+               for cid in canary_ids])
+
+  def observe_round(self, end_trainable: Sequence[Any]) -> None:
+    """Adds the round that ended at these trainable weights (the next starts from them)."""
+    end = [np.asarray(w) for w in end_trainable]
+    self.tracker.observe_round(self._previous, end)
+    self._previous = end
+
+  def estimates(self, trainable: Sequence[Any], delta: float) -> dict[str, float]:
+    """{metrics column: estimated epsilon at `delta`} of the model with these weights, for
+    each estimate the canaries allow (the all-iterates one needs unseen canaries)."""
+    row = {}
+    final = self.tracker.final_model_estimate(trainable, delta)
+    if final is not None:
+      row[FINAL_MODEL_COLUMN] = final.epsilon
+    every = self.tracker.all_iterates_estimate(delta)
+    if every is not None:
+      row[ALL_ITERATES_COLUMN] = every.epsilon
+    return row
