@@ -116,7 +116,8 @@ def test_fft_cosines_equal_direct_dot_products():
   fast = dirs.cosines(delta)
   for group, count in (('inserted', 40), ('unseen', 30)):
     rows = dirs.block(group, 0, count)
-    np.testing.assert_allclose(fast[group], rows @ delta / np.linalg.norm(delta), atol=1e-12)
+    # Single-precision FFTs: equal to ~1e-7, against cosines spread 1/sqrt(d) ~ 0.016 here.
+    np.testing.assert_allclose(fast[group], rows @ delta / np.linalg.norm(delta), atol=2e-6)
   assert fast['inserted'][5] > 0.5
   zero = dirs.cosines(np.zeros(4099))
   assert not zero['inserted'].any() and zero['unseen'].shape == (30,)
