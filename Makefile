@@ -43,14 +43,20 @@ demo: setup $(DEMO_DATA)/emnist_all.sqlite
 	$(PY) run_experiment.py $(DEMO_FLAGS)
 
 # The whole suite, with one arm per paper table at smoke scale; `make test-tables` runs every arm.
+# Two pytest workers (pytest-xdist), one per core: about half of the suite's time is one
+# single-threaded Python process (TFF tracing, TensorFlow imports, SQLite). Each file runs whole on
+# one worker (--dist loadfile), so a module's fixtures are built once. TEST_WORKERS=0 runs the
+# suite in this process (one worker's memory, e.g. beside another job).
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 test: setup
-	$(PY) -m pytest -q --durations=10 -m "not all_tables" tests
+	$(PYTEST) --durations=10 -m "not all_tables" tests
 
 test-tables: setup
-	$(PY) -m pytest -q --durations=10 -m all_tables tests
+	$(PYTEST) --durations=10 -m all_tables tests
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PYTEST) -m "not slow" tests
 
 bench: setup
 	$(PY) benchmarks/run_all.py

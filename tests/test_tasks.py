@@ -2,6 +2,7 @@
 
 import os
 import sqlite3
+import threading
 
 import numpy as np
 import pytest
@@ -279,6 +280,29 @@ def test_ensure_default_cache_builds_once(tmp_path, monkeypatch):
   assert db.stat().st_mtime_ns == first
   with pytest.raises(UserInputError):
     synthetic_data.ensure_default_cache(str(tmp_path), 'mnist')
+
+
+def test_concurrent_builders_of_one_cache_wait_and_build_it_once(tmp_path, monkeypatch):
+  """Two runs started at once on a fresh checkout (or two test workers) share the embedded
+  cache: while one builds it, the other waits, then finds it finished instead of rewriting."""
+  monkeypatch.setitem(synthetic_data.DEFAULT_SIZES, 'emnist',
+                      dict(num_train_clients=2, examples_per_client=3, num_test_clients=2))
+  writes = []
+  real_writer = synthetic_data.write_emnist_cache
+  monkeypatch.setattr(synthetic_data, 'write_emnist_cache',
+                      lambda *a, **k: writes.append(1) or real_writer(*a, **k))
+  builders = [threading.Thread(target=synthetic_data.ensure_default_cache,
+                               args=(str(tmp_path), 'emnist')) for _ in range(2)]
+  with synthetic_data._exclusive(str(tmp_path)):   # Another process is building it.
+    for b in builders:
+      b.start()
+    builders[0].join(timeout=1.0)
+    assert builders[0].is_alive() and not writes   # Waiting, nothing written.
+  for b in builders:
+    b.join(timeout=60)
+  assert writes == [1]
+  train, _ = tff.simulation.datasets.emnist.load_data(only_digits=False, cache_dir=str(tmp_path))
+  assert len(train.client_ids) == 2
 
 
 # ---------------------------------------------------------------------------------------------
