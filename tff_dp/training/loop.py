@@ -14,6 +14,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
+from tff_dp import checkpoint_aggregation as ca
 from tff_dp import errors
 from tff_dp import ledger as ledger_lib
 from tff_dp import runtime
@@ -82,16 +83,8 @@ def _start(config: components.LoopConfig, c: components.LoopComponents
 
 
 def _trainable(process, state) -> list[np.ndarray]:
-  """The trainable weights of the model in `state`.
-
-  A composed process's state (`tff.learning.templates.LearningAlgorithmState`) is already on the
-  coordinator, so its weights are read from it; `process.get_model_weights` would be a
-  computation call that sends the whole state to the worker and back (most of the canaries'
-  per-round cost on the EMNIST CNN when measured that way)."""
-  weights = getattr(state, 'global_model_weights', None)
-  if weights is None:
-    weights = process.get_model_weights(state)
-  return [np.asarray(w) for w in weights.trainable]
+  """The trainable weights of the model in `state`, as numpy arrays."""
+  return [np.asarray(w) for w in ca.model_weights(process, state).trainable]
 
 
 class _Rounds:
@@ -266,11 +259,11 @@ class _Rounds:
                          row: dict[str, Any]):
     """(state, model weights): checkpoint aggregates and the last-k weights updated with this
     round's model, and the state restarted from an aggregate when the policy says so. The
-    weights are read out of the state (a computation call) only when something uses them."""
+    weights are read out of the state only when something uses them."""
     c = self.c
     needs_weights = (is_eval_round or c.aggregates or self.config.uncertainty_last_k
                      or c.train_on_aggregate is not None)
-    weights = (evaluation.flat_model_weights(c.process.get_model_weights(state))
+    weights = (evaluation.flat_model_weights(ca.model_weights(c.process, state))
                if needs_weights else None)
     for agg in c.aggregates.values():
       agg.update(weights)

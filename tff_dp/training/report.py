@@ -85,7 +85,8 @@ def _canary_estimates(config: components.LoopConfig, c: components.LoopComponent
                       final_state) -> dict[str, Any]:
   """The statement's empirical estimate of the final model (and of all iterates)."""
   tracker = c.canaries.tracker
-  trainable = [np.asarray(w) for w in c.process.get_model_weights(final_state).trainable]
+  trainable = [np.asarray(w) for w in
+               checkpoint_aggregation.model_weights(c.process, final_state).trainable]
   estimates = {'final_model': tracker.final_model_estimate(trainable, config.delta),
                'all_iterates': tracker.all_iterates_estimate(config.delta)}
   return privacy_statement.empirical_estimate(
