@@ -32,7 +32,8 @@ from tff_dp.canaries.estimate import gaussian_pair_epsilon
 from tff_dp.canaries.tracker import CanaryTracker
 
 __all__ = [
-    'as_weight_shapes', 'CanaryDirections', 'dimension', 'flatten', 'INSERTED', 'KEY_BYTES', 'UNSEEN',
+    'as_weight_shapes', 'CanaryDirections', 'dimension', 'flatten', 'INSERTED', 'KEY_BYTES',
+    'UNSEEN',
     'all_iterates_epsilon', 'all_iterates_statistic', 'CanaryEstimate', 'cosines',
     'epsilon_from_cosines', 'epsilon_from_cosines_closed_form_null', 'gaussian_pair_epsilon',
     'CanaryTracker',

@@ -18,11 +18,11 @@ variable), invisible next to the null's 1/sqrt(d) spread. Why this family and no
 independent draws: the cosines of a model change Delta with all K + K' directions are one
 circular cross-correlation of Delta (zero-padded to D) with g, read at the shifts, O(D log D)
 by FFT whatever K is (`cosines`, in single precision: ~25 ms at the EMNIST CNN's d = 1.2M,
-where an awkward length such as d itself took 0.5 s; 0.13 s at 5M weights). Independent directions cost O(K d) per pass (~8.5 ns per entry:
-1,000 directions of the EMNIST CNN took ~10 s here), too slow for the all-iterates statistic,
-which needs the cosines of every round's model change. A client builds its canary's update from
-(shift, base seed, D) alone (`tff_dp.canaries.insertion`), so nothing of size d crosses to the
-workers.
+where an awkward length such as d itself took 0.5 s; 0.13 s at 5M weights). Independent
+directions cost O(K d) per pass (~8.5 ns per entry: 1,000 directions of the EMNIST CNN took
+~10 s here), too slow for the all-iterates statistic, which needs the cosines of every round's
+model change. A client builds its canary's update from (shift, base seed, D) alone
+(`tff_dp.canaries.insertion`), so nothing of size d crosses to the workers.
 
 Inserted canaries are group 'inserted' (indices 0..K-1), never-inserted ones 'unseen'
 (0..K'-1). Shifts are drawn without replacement, inserted first, so adding unseen canaries
@@ -153,19 +153,20 @@ class CanaryDirections:
       self._norms = norms
     return self._norms
 
-  def _check_group(self, group: str) -> int:
+  def count(self, group: str) -> int:
+    """How many canaries `group` ('inserted' or 'unseen') has."""
     if group not in GROUPS:
       raise UserInputError(f'`group` must be {INSERTED!r} or {UNSEEN!r}, got {group!r}')
     return self.num_inserted if group == INSERTED else self.num_unseen
 
   def shifts(self, group: str) -> np.ndarray:
     """The cyclic shifts of `group`'s canaries, by index: int64 [number in the group]."""
-    self._check_group(group)
+    self.count(group)
     return self._shifts[group].copy()
 
   def direction(self, group: str, index: int) -> np.ndarray:
     """Direction `index` of `group` (`'inserted'` or `'unseen'`): float64 [dim], unit norm."""
-    count = self._check_group(group)
+    count = self.count(group)
     if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not (
         0 <= index < count):
       raise UserInputError(f'`index` must be in [0, {count}) for {group} canaries, got {index!r}')
@@ -174,7 +175,7 @@ class CanaryDirections:
 
   def block(self, group: str, start: int, stop: int) -> np.ndarray:
     """Directions start..stop-1 of `group` as rows: float64 [stop - start, dim]."""
-    count = self._check_group(group)
+    count = self.count(group)
     start, stop = _count(start, 'start', 0), _count(stop, 'stop', 0)
     if not start <= stop <= count:
       raise UserInputError(
@@ -185,7 +186,7 @@ class CanaryDirections:
   def blocks(self, group: str, block_size: int = 100) -> Iterator[np.ndarray]:
     """All directions of `group`, in order, as row blocks of at most `block_size` rows
     (memory `block_size` x `dim`; `tff_dp.canaries.estimate` takes such an iterable)."""
-    count = self._check_group(group)
+    count = self.count(group)
     block_size = _count(block_size, 'block_size', 1)
     for start in range(0, count, block_size):
       yield self.block(group, start, min(start + block_size, count))

@@ -26,6 +26,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_dp.canaries import directions as directions_lib
+
 # A canary update's norm before clipping: far above any clip a run configures or adapts to, so
 # every clip (flat, per group: a group holding a fraction f of the weights gets ~1e6 sqrt(f))
 # cuts it to the clip norm. Finite in float32 with room to square it (1e12 << 3.4e38).
@@ -49,7 +51,8 @@ def marker(shift: int, base_seed: tuple[int, int], length: int) -> np.ndarray:
 def markers(directions) -> list[np.ndarray]:
   """The `canary` elements of `directions`' inserted canaries, by index."""
   seed = directions.base_seed()
-  return [marker(int(s), seed, directions.length) for s in directions.shifts('inserted')]
+  return [marker(int(s), seed, directions.length)
+          for s in directions.shifts(directions_lib.INSERTED)]
 
 
 def client_value(data, canary_marker: np.ndarray) -> collections.OrderedDict:

@@ -35,17 +35,15 @@ class CanaryTracker:
                initial_weights: Sequence[Any]):
     self.directions = directions
     self._initial = self._flat(initial_weights)
-    self._max = {group: np.full(self._count(group), -np.inf) for group in directions_lib.GROUPS}
+    self._max = {group: np.full(directions.count(group), -np.inf)
+                 for group in directions_lib.GROUPS}
     self.rounds_observed = 0
-
-  def _count(self, group: str) -> int:
-    return (self.directions.num_inserted if group == directions_lib.INSERTED
-            else self.directions.num_unseen)
 
   def _flat(self, weights: Sequence[Any]) -> np.ndarray:
     flat = directions_lib.flatten(weights)
     if flat.size != self.directions.dim:
-      raise ValueError(f'model weights have {flat.size} entries, the canaries {self.directions.dim}')
+      raise ValueError(f'model weights have {flat.size} entries, the canaries '
+                       f'{self.directions.dim}')
     return flat
 
   def observe_round(self, start_weights: Sequence[Any], end_weights: Sequence[Any]) -> None:
@@ -91,8 +89,8 @@ class CanaryTracker:
     for group, key in ((directions_lib.INSERTED, 'max_inserted'),
                        (directions_lib.UNSEEN, 'max_unseen')):
       values = np.asarray(state[key], dtype=np.float64).reshape(-1)
-      if values.size != self._count(group):
+      if values.size != self.directions.count(group):
         raise ValueError(f'canary state has {values.size} {group} maxima, the run '
-                         f'{self._count(group)} {group} canaries')
+                         f'{self.directions.count(group)} {group} canaries')
       self._max[group] = values.copy()
     self.rounds_observed = int(state['rounds_observed'])

@@ -53,8 +53,10 @@ class CanaryRun:
     self._previous: Optional[list[np.ndarray]] = None
 
   @staticmethod
-  def is_canary(client_id: Hashable) -> bool:
-    return isinstance(client_id, CanaryId)
+  def split(client_ids: Sequence[Hashable]) -> tuple[list, list]:
+    """(real client ids, canary ids) of a sample, each in the sample's order."""
+    return ([i for i in client_ids if not isinstance(i, CanaryId)],
+            [i for i in client_ids if isinstance(i, CanaryId)])
 
   def start(self, initial_trainable: Sequence[Any]) -> None:
     """A new run from these trainable weights (a resume then restores the tracker's state)."""

@@ -1,13 +1,13 @@
 """The configuration of a run: nested, frozen, keyword-only sections, one field per setting.
 
 `ExperimentConfig` holds one section per concern (task and data, sampling, training, dp,
-accounting, adadps, checkpoint_aggregation, canaries, runtime, output, paper). Each field is declared once,
-with its type, default, help and checks (`setting`); everything else derives from the fields:
-the command line's flags (`tff_dp.training.config_flags`, one flag per field under the field's
-flat name, so flag files keep working), the checks, the run's `config.json` (`settings()`, a
-flat {setting name: value} dict that holds every setting) and which settings a resume may
-change (`RESUMABLE_SETTINGS`). A config is checked when it is built: a bad value raises
-`UserInputError` naming the setting (in backticks, as the library names parameters).
+accounting, adadps, checkpoint_aggregation, canaries, runtime, output, paper). Each field is
+declared once, with its type, default, help and checks (`setting`); everything else derives from
+the fields: the command line's flags (`tff_dp.training.config_flags`, one flag per field under
+the field's flat name, so flag files keep working), the checks, the run's `config.json`
+(`settings()`, a flat {setting name: value} dict that holds every setting) and which settings a
+resume may change (`RESUMABLE_SETTINGS`). A config is checked when it is built: a bad value
+raises `UserInputError` naming the setting (in backticks, as the library names parameters).
 
 Lists of allowed values come from their one home (`tff_dp.choices`, `tasks.TASKS`). This module
 imports no TensorFlow, so a command line is checked before TF is loaded.

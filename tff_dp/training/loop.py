@@ -195,8 +195,7 @@ class _Rounds:
     row['num_clients'] = len(client_ids)
     canary_ids = []
     if c.canaries is not None:
-      canary_ids = [i for i in client_ids if c.canaries.is_canary(i)]
-      client_ids = [i for i in client_ids if not c.canaries.is_canary(i)]
+      client_ids, canary_ids = c.canaries.split(client_ids)
     t0 = time.perf_counter()
     datasets, rejected = self.client_data.get(client_ids) if client_ids else ([], {})
     if c.canaries is not None:
@@ -207,8 +206,8 @@ class _Rounds:
         for cid, reason in list(rejected.items())[:5]:
           c.log(f'round {round_num}: client {cid} skipped: {reason}')
     if round_num < config.total_rounds:
-      self.client_data.prefetch([i for i in c.sampler.sample(round_num + 1)
-                                 if c.canaries is None or not c.canaries.is_canary(i)])
+      upcoming = c.sampler.sample(round_num + 1)
+      self.client_data.prefetch(upcoming if c.canaries is None else c.canaries.split(upcoming)[0])
     # A round whose sample is empty (Poisson drew nobody, or every sampled client was
     # rejected) still runs: the sampled Gaussian mechanism releases a noised zero sum, the
     # model moves by noise alone, and the round is recorded like any other, so that neither

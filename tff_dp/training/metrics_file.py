@@ -1,6 +1,6 @@
-"""The per-round metrics CSV (written by `run_dir.MetricsCsv`) read back as numbers, which of
-its columns hold clip norms, and the columns of the canaries' epsilon estimates. Shared by the run's own plots, the console line and the paper
-tables, so they agree on what a column means."""
+"""The per-round metrics CSV (written by `run_dir.MetricsCsv`) read back as numbers, which of its
+columns hold clip norms, and the columns of the canaries' epsilon estimates. Shared by the run's
+own plots, the console line and the paper tables, so they agree on what a column means."""
 
 import csv
 import math

@@ -2,13 +2,14 @@
 
 The guarantee (user-level (epsilon, delta)-DP under add/remove-one neighbouring, from the
 ledger) covers the outputs of the DP mechanism and their post-processing: the model after each
-round (checkpoints, evaluation of it and of its EMA / past-k averages on held-out test data),
-the clip trajectory and the noised unclipped-fraction estimate of adaptive clipping (they are
-computed from noised queries), the ledger and epsilon (functions of the executed mechanism,
-not of client data), and the canaries' empirical epsilon estimates (functions of the released
-models and of canary directions drawn independently of the data). Everything else a run can show depends on client data without noise and
-is a non-private diagnostic: how many clients a round sampled, which clients were rejected and
-why, how many updates were zeroed, round timings and the clients' training loss/accuracy.
+round (checkpoints, evaluation of it and of its EMA / past-k averages on held-out test data), the
+clip trajectory and the noised unclipped-fraction estimate of adaptive clipping (they are
+computed from noised queries), the ledger and epsilon (functions of the executed mechanism, not
+of client data), and the canaries' empirical epsilon estimates (functions of the released models
+and of canary directions drawn independently of the data). Everything else a run can show depends
+on client data without noise and is a non-private diagnostic: how many clients a round sampled,
+which clients were rejected and why, how many updates were zeroed, round timings and the clients'
+training loss/accuracy.
 
 `is_covered_column` is the one place that decides this for a metrics column; it is an
 allowlist, so a metric added later is treated as a diagnostic until it is listed here.
