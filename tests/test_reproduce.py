@@ -166,7 +166,8 @@ def _independent_epsilon(run_dir, delta):
 
 
 # The default suite runs one arm per table (for the Recycling Scraps table, its two DP-FTRL arms at
-# epsilon 8.2: its ledger check compares them); `make test-tables` runs every arm of every table (marker `all_tables`).
+# epsilon 8.2: its ledger check compares them); `make test-tables` runs every arm of every table
+# (marker `all_tables`).
 _ONE_ARM_PER_TABLE = {
     'andrew2021_emnist': ['adaptive'],
     'andrew2021_stackoverflow_nwp': ['adaptive'],
