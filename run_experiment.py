@@ -59,7 +59,7 @@ def main(argv) -> int:
     print(f'error: {_as_flags(str(e))}', file=sys.stderr)
     return 1
   except RunInterrupted as e:
-    print(str(e), file=sys.stderr)
+    print(_as_flags(str(e)), file=sys.stderr)
     return 128 + e.signum
   except KeyboardInterrupt:   # A second Ctrl-C: abort at once (the ledger stays valid).
     print('error: interrupted; outputs written so far are intact, continue with --resume',

@@ -41,7 +41,7 @@ DEFAULT_SIZES = {
     'stackoverflow': dict(num_train_clients=60, examples_per_client=40, num_test_clients=20,
                           num_heldout_clients=10),
 }
-_MARKER = '.tff_dp_embedded_{}'
+_MARKER = '.tff_dp_embedded_v2_{}'   # v2: StackOverflow test clients are training users.
 # The real datasets' client counts (TFF's StackOverflow: 342,477 train / 38,758 heldout /
 # 204,088 test clients; EMNIST: 3,400 writers in both splits) with few examples per client, so
 # that the population, not the data volume, is what is full-size.
@@ -250,7 +250,9 @@ def write_stackoverflow_cache(cache_dir: str, num_train_clients: int = 20,
   def clients() -> Iterator[ClientRows]:
     for split, n_clients in sizes:
       for i in range(n_clients):
-        cid = f'{split[:2]}{i:05d}_{seed}'
+        # As in TFF's StackOverflow, the test split holds later posts of training users (the
+        # first test clients are training clients); heldout users are users of their own.
+        cid = f'{"tr" if split == "test" else split[:2]}{i:05d}_{seed}'
         client_topics = rng.choice(num_topics, size=2, replace=False)
         protos, used_words, used_tags = [], set(), set()
         for _ in range(examples_per_client):

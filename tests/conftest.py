@@ -28,3 +28,21 @@ def tiny_tag_task(tmp_path_factory):
                                            seed=1, vocab_size=200, num_tags=30, num_topics=5)
   return tasks.build_task('stackoverflow_tag', path, client_batch_size=4, shuffle_seed=0,
                           word_vocab_size=200, tag_vocab_size=30)
+
+
+@pytest.fixture(scope='session')
+def tag_data_dir(tmp_path_factory):
+  """A generated StackOverflow cache of 20 training clients (tag task), in TFF's format."""
+  from tasks import synthetic_data   # pylint: disable=g-import-not-at-top
+  path = str(tmp_path_factory.mktemp('tag_cache'))
+  synthetic_data.write_stackoverflow_cache(path, num_train_clients=20, examples_per_client=8,
+                                           seed=1, vocab_size=200, num_tags=30, num_topics=5)
+  return path
+
+
+@pytest.fixture(scope='session')
+def tag_task(tag_data_dir):
+  """The tag task on `tag_data_dir`, read by TFF's loader."""
+  import tasks   # pylint: disable=g-import-not-at-top
+  return tasks.build_task('stackoverflow_tag', tag_data_dir, client_batch_size=8,
+                          shuffle_seed=0, word_vocab_size=200, tag_vocab_size=30)

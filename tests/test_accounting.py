@@ -423,3 +423,105 @@ def test_cli_reads_ledger_with_conservative_re_execution(tmp_path, capsys):
   # Every record composed, exactly (a fresh dp_accounting RdpAccountant, 5 rounds).
   event = dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(z))
   assert float(rows[-1][1]) == pytest.approx(_direct(event, 5, 'rdp'), rel=1e-9)
+
+
+# Issue 24: what a release covers.
+
+SEEDED = ledger.SamplingEvent('poisson', 1000, probability=0.1, seeded=True)
+
+
+def test_seeded_flag_round_trips_and_old_lines_are_unchanged(tmp_path):
+  path = str(tmp_path / 'ledger.jsonl')
+  _write(path, [_fixed_record(1, sampling=SEEDED), _fixed_record(2)])
+  lines = open(path).read().splitlines()
+  assert '"seeded":true' in lines[0] and 'seeded' not in lines[1]
+  assert [r.sampling.seeded for r in ledger.read_ledger(path)] == [True, False]
+
+
+@pytest.mark.parametrize('method', ['rdp', 'pld'])
+def test_reexecuted_seeded_round_is_one_sample_released_twice(method):
+  # Rounds 1-3 released, a crash, rounds 2-3 re-executed on the same seeded samples, round 4.
+  rounds = [1, 2, 3, 2, 3, 4]
+  acc = accountant.LedgerAccountant(DELTA, (method,))
+  for t in rounds:
+    acc.add(_fixed_record(t, z=1.0, sampling=SEEDED))
+  # Independently: a sample released twice at z = 1 is one sampled Gaussian at z = 1/sqrt(2).
+  direct = (dp_accounting.rdp.RdpAccountant() if method == 'rdp'
+            else dp_accounting.pld.PLDAccountant())
+  direct.compose(dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(1.0)), 2)
+  direct.compose(dp_accounting.PoissonSampledDpEvent(
+      0.1, dp_accounting.GaussianDpEvent(2 ** -0.5)), 2)
+  expected = direct.get_epsilon(DELTA)
+  got = acc.epsilon_rdp() if method == 'rdp' else acc.epsilon_pld()
+  assert got == pytest.approx(expected, rel=1e-6 if method == 'rdp' else 1e-3)
+  # Six independent samples (what the ledger reported before) is less, i.e. optimistic.
+  independent = _direct(dp_accounting.PoissonSampledDpEvent(
+      0.1, dp_accounting.GaussianDpEvent(1.0)), 6, method)
+  assert got > independent * 1.05
+  # The replay agrees with the run's accountant.
+  curve = accountant.epsilon_curve([_fixed_record(t, z=1.0, sampling=SEEDED) for t in rounds],
+                                   DELTA, (method,), pld_every=1)
+  assert curve[-1][f'epsilon_{method}'] == pytest.approx(got, rel=1e-9)
+
+
+def test_reexecuted_secret_round_is_a_fresh_sample():
+  acc = accountant.LedgerAccountant(DELTA, ('rdp',))
+  for t in [1, 2, 3, 2, 3, 4]:
+    acc.add(_fixed_record(t, z=1.0, sampling=ledger.SamplingEvent('poisson', 1000,
+                                                                   probability=0.1)))
+  assert acc.epsilon_rdp() == pytest.approx(_direct(dp_accounting.PoissonSampledDpEvent(
+      0.1, dp_accounting.GaussianDpEvent(1.0)), 6, 'rdp'), rel=1e-6)
+
+
+def test_peek_epsilon_of_a_reexecuted_seeded_round_merges_it():
+  acc = accountant.LedgerAccountant(DELTA, ('rdp',))
+  for t in [1, 2]:
+    acc.add(_fixed_record(t, z=1.0, sampling=SEEDED))
+  peeked = acc.peek_epsilon(_fixed_record(2, z=1.0, sampling=SEEDED))
+  acc.add(_fixed_record(2, z=1.0, sampling=SEEDED))
+  assert peeked == pytest.approx(acc.epsilon_rdp(), rel=1e-12)
+
+
+def test_without_amplification_is_one_gaussian_of_all_releases():
+  from tff_dp.accounting import guarantee
+  records = [_fixed_record(t, z=1.0, sampling=SEEDED) for t in [1, 2, 3, 2, 3, 4]]
+  got = guarantee.without_amplification(records, DELTA, ('rdp', 'pld'))
+  # Six releases at z = 1 against someone who knows the samples: Gaussian at z = 1/sqrt(6).
+  event = dp_accounting.GaussianDpEvent(6 ** -0.5)
+  assert got['rdp'] == pytest.approx(_direct(event, 1, 'rdp'), rel=1e-9)
+  assert got['pld'] == pytest.approx(_direct(event, 1, 'pld'), rel=1e-9)
+  # Far above the amplified epsilon of the same ledger.
+  assert got['pld'] > 3 * accountant.epsilon_curve(records, DELTA, ('pld',))[-1]['epsilon_pld']
+
+
+def test_fixed_size_proven_bound_is_without_replacement_under_replace_one():
+  from tff_dp.accounting import guarantee
+  fixed = ledger.SamplingEvent('fixed_size', 1000, sample_size=100)
+  records = [_fixed_record(t, z=2.0, sampling=fixed) for t in range(1, 21)]
+  got = guarantee.fixed_size_proven(records, DELTA)
+  # replace-one moves the sum by 2S: z = sigma / (2 S) = 1.
+  expected = _direct(dp_accounting.SampledWithoutReplacementDpEvent(
+      1000, 100, dp_accounting.GaussianDpEvent(1.0)), 20, 'rdp',
+      dp_accounting.NeighboringRelation.REPLACE_ONE)
+  assert got == pytest.approx(expected, rel=1e-9)
+  # Adaptive-like records (z differing in the last bits) are bounded from above, tightly.
+  jitter = [_fixed_record(t, z=2.0 * (1 + 1e-7 * t), sampling=fixed) for t in range(1, 21)]
+  assert expected <= guarantee.fixed_size_proven(jitter, DELTA) <= expected * 1.001
+  # The Poisson approximation under add/remove is far smaller: not the headline.
+  approx = accountant.epsilon_curve(records, DELTA, ('rdp',))[-1]['epsilon_rdp']
+  assert approx < expected / 2
+
+
+def test_delta_at_or_above_one_over_population_is_refused(tmp_path, capsys):
+  path = str(tmp_path / 'ledger.jsonl')
+  _write(path, [_fixed_record(1)])   # Population 1000.
+  with pytest.raises(errors.UserInputError, match='1/population'):
+    accountant.epsilon_curve(ledger.read_ledger(path), 1e-3, ('rdp',))
+  assert cli.main(['prog', '--ledger', path, '--delta', '0.5']) == 2
+  assert cli.main(['prog', '--ledger', path, '--delta', '0.001']) == 2
+  assert cli.main(['prog', '--target_epsilon', '3', '--rounds', '10', '--population', '100',
+                   '--clients_per_round', '10', '--delta', '0.02']) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 3 and all(l.startswith('error: `--delta') or l.startswith('error: --delta')
+                               for l in err), err
+  assert cli.main(['prog', '--ledger', path, '--delta', '0.0009']) == 0

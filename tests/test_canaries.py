@@ -332,3 +332,41 @@ def test_all_iterates_estimate_is_at_least_the_final_model_one():
   # all-iterates 9.0-16; the Gaussian mechanisms' own epsilons are 2.6 (noise z sqrt(T)) and
   # 10.0 (z).
   assert all_iterates.epsilon >= final_model.epsilon
+
+
+def test_interval_of_twenty_canaries_without_signal_includes_zero_and_flags_k():
+  # Issue 24: K = 20 with no signal at all printed point values ~3-4. Null cosines N(0, 1/d),
+  # drawn here with numpy, are what an unseen canary shows.
+  d = 10_000
+  flagged = 0
+  for seed in range(5):
+    null = np.random.default_rng(seed).normal(0, 1 / math.sqrt(d), size=20)
+    interval = canaries.bootstrap_interval(null, DELTA, null=(0.0, 1 / math.sqrt(d)))
+    point = canaries.epsilon_from_cosines_closed_form_null(null, d, DELTA).epsilon
+    assert interval.low <= point <= interval.high
+    assert interval.low == 0.0 or interval.too_few_canaries is not None
+    flagged += interval.too_few_canaries is not None
+  assert flagged == 5
+
+
+def test_interval_of_a_thousand_canaries_covers_the_mechanism_and_needs_no_flag(one_round):
+  z = 0.6
+  inserted, unseen = one_round(z)
+  analytic = pld_gaussian_epsilon(z)
+  paper = canaries.bootstrap_interval(inserted, DELTA, null=(0.0, 1 / math.sqrt(_D)))
+  assert paper.low <= analytic <= paper.high and paper.too_few_canaries is None
+  empirical = canaries.bootstrap_interval(inserted, DELTA, unseen=unseen, resamples=100)
+  assert empirical.low <= analytic <= empirical.high
+  assert paper.confidence == 0.95
+  # Seeded: the same statistics give the same interval.
+  again = canaries.bootstrap_interval(inserted, DELTA, null=(0.0, 1 / math.sqrt(_D)))
+  assert (again.low, again.high) == (paper.low, paper.high)
+
+
+def test_too_few_canaries_says_how_many_would_do():
+  rng = np.random.default_rng(0)
+  weak = rng.normal(0.02, 0.01, size=20)   # Some signal, wide interval.
+  interval = canaries.bootstrap_interval(weak, DELTA, null=(0.0, 0.01))
+  assert interval.too_few_canaries is not None and 'K = 20' in interval.too_few_canaries
+  needed = int(interval.too_few_canaries.rsplit('about K = ', 1)[1].split()[0])
+  assert needed > 20

@@ -166,8 +166,8 @@ def test_estimates_are_reported_and_stay_below_the_ledgers_epsilon(emnist, tmp_p
   assert saved['privacy']['empirical_estimate'] == estimate
   assert os.path.getsize(os.path.join(summary.run_dir, 'plots',
                                       'epsilon_estimated_vs_proven.png')) > 1000
-  # The key stays beside the checkpoints, owner-only, and out of config and metrics.
-  key_path = os.path.join(summary.run_dir, 'canary_key.secret')
+  # The key stays under secret/, owner-only, and out of config and metrics.
+  key_path = os.path.join(summary.run_dir, 'secret', 'canary_key')
   key = open(key_path, 'rb').read()
   assert len(key) == canaries.KEY_BYTES and os.stat(key_path).st_mode & 0o077 == 0
   for name in ('config.json', 'metrics.csv', 'summary.json'):

@@ -475,7 +475,7 @@ def test_ftrl_run_records_trees_epochs_and_epsilon(data_dir, tmp_path):
   privacy = summary.privacy
   assert privacy['neighboring_relation'] == 'replace_special'
   assert 'replace-special' in privacy['guarantee'] and 'n/a (PLD)' in privacy['guarantee']
-  key = os.path.join(summary.run_dir, 'sampling_key.secret')
+  key = os.path.join(summary.run_dir, 'secret', 'sampling_key')
   assert stat.S_IMODE(os.stat(key).st_mode) == 0o600
 
 

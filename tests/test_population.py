@@ -14,11 +14,16 @@ from tasks import synthetic_data
 from tff_dp.errors import UserInputError
 
 
-def _digest(db: str) -> str:
+def _digest(db: str, test_id_prefix: str = None) -> str:
+  """SHA-256 of every row; `test_id_prefix` renames the test split's ids back to the prefix
+  they had before the test split held the training users' ids (the rows are otherwise the
+  same)."""
   h = hashlib.sha256()
   with sqlite3.connect(db) as con:
     for split, cid, proto in con.execute('SELECT split_name, client_id, '
                                          'serialized_example_proto FROM examples ORDER BY rowid'):
+      if test_id_prefix is not None and split == 'test':
+        cid = test_id_prefix + cid[len(test_id_prefix):]
       h.update(split.encode())
       h.update(cid.encode())
       h.update(proto)
@@ -39,7 +44,15 @@ def test_generated_data_unchanged_by_the_streaming_fast_generator(tmp_path):
                                                 num_heldout_clients=10)
   em = synthetic_data.write_emnist_cache(str(tmp_path), num_train_clients=30,
                                          examples_per_client=20, seed=3)
-  assert _digest(so) == '3967130522839aa89cf0c177d4d7643f076837df6c5ddfda21827daec711bb1b'
+  # The StackOverflow test split now holds training users' ids (as TFF's does, issue 24): with
+  # the old 'te' prefix restored, every row is as before.
+  assert _digest(so, test_id_prefix='te') == (
+      '3967130522839aa89cf0c177d4d7643f076837df6c5ddfda21827daec711bb1b')
+  with sqlite3.connect(so) as con:
+    ids = {split: {c for (c,) in con.execute(
+        'SELECT DISTINCT client_id FROM examples WHERE split_name = ?', (split,))}
+           for split in ('train', 'heldout', 'test')}
+  assert ids['test'] <= ids['train'] and not ids['heldout'] & ids['train']
   assert _digest(em) == 'dc0fc6b00d795fa4b4505c8a8d5ba991a97abc30434a847abef473561d734b26'
   datasets = tmp_path / 'datasets'
   assert _file_digest(datasets / 'stackoverflow.word_count') == (

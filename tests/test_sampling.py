@@ -40,9 +40,14 @@ def test_fixed_size():
 
 def test_sampling_events():
   e = sampling.PoissonSampler(IDS, 0.05, seed=0).sampling_event()
-  assert e == ledger.SamplingEvent('poisson', 500, probability=0.05)
+  assert e == ledger.SamplingEvent('poisson', 500, probability=0.05, seeded=True)
   e = sampling.FixedSizeSampler(IDS, 20, seed=0).sampling_event()
-  assert e == ledger.SamplingEvent('fixed_size', 500, sample_size=20)
+  assert e == ledger.SamplingEvent('fixed_size', 500, sample_size=20, seeded=True)
+  # Secret samples are not reproducible: a re-executed round is a fresh sample.
+  assert not sampling.PoissonSampler(IDS, 0.05).sampling_event().seeded
+  assert not sampling.FixedSizeSampler(IDS, 20).sampling_event().seeded
+  assert sampling.ShuffledSampler(IDS, 20, seed=0).sampling_event(1).seeded
+  assert not sampling.ShuffledSampler(IDS, 20).sampling_event(1).seeded
 
 
 @pytest.mark.parametrize('make', [

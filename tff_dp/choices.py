@@ -27,6 +27,19 @@ DP_KINDS = {
 # participation under replace-special neighbouring (tff_dp.accounting).
 TREE_DP_KINDS = ('ftrl', 'ftrl_adaptive')
 
+# `eval_data`: what central evaluation runs on, and so whether its metrics are covered by the
+# DP guarantee (`tff_dp.training.release`).
+EVAL_DATA = {
+    'test': 'the task\'s test split; covered only if none of its clients is in the training '
+            'population (TFF\'s EMNIST and StackOverflow test splits hold the training users: '
+            'then evaluation is a non-private diagnostic)',
+    'holdout': '`eval_holdout_clients` of the training clients that have test data, chosen '
+               'with a secret key and removed from the training population; their test-split '
+               'data is evaluated (covered)',
+    'public_test': 'the task\'s test split, declared public by the operator (covered by that '
+                   'declaration, which the privacy statement records)',
+}
+
 # `client_sampling`: how each round's clients are drawn (`tff_dp.sampling`).
 CLIENT_SAMPLERS = {
     'poisson': 'each client independently with q = clients_per_round / population (what the '

@@ -20,7 +20,9 @@ class RunFailedError(RuntimeError):
 
 
 class RunInterrupted(Exception):
-  """A stop signal (SIGINT/SIGTERM) arrived before the first round: nothing was written.
+  """A stop signal (SIGINT/SIGTERM) ended a run before it could stop between rounds: during
+  start-up (nothing was written), or a second signal during a round (the completed rounds
+  were checkpointed). The message says what was kept.
 
   `signum` is the signal; the CLI exits with 128 + signum after one line.
   """

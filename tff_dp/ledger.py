@@ -13,7 +13,8 @@ where `seq` is the 1-based number of the line in the ledger (stamped by `Privacy
 part of `RoundRecord`) and `sha256` the SHA-256 of the canonical JSON of `{"record": ...,
 "schema_version": 2, "seq": n}`. Floats are written as the shortest repr that reads back as
 the same float64 (float32 values from TF are stored as their exact float64 value).
-Version-1 lines (no `seq`) are still read.
+Version-1 lines (no `seq`) are still read. The checksums detect accidents (a truncated, edited
+or reordered line), not forgery: anyone who can write the file can recompute them.
 
 Each line is written with a single `os.write` on an O_APPEND descriptor followed by `fsync`,
 so a crash can at worst leave one partial last line (no trailing newline). Readers never skip
@@ -25,7 +26,8 @@ deleted, duplicated or reordered line is an error naming the first line out of p
 deleted LAST line is indistinguishable from a crash before the append). Round numbers start
 at 1 and each record's round is at most the previous record's round + 1: the next round, or
 (after a resume, see tff_dp.training.resume.reconcile_ledger) a round re-executed after a
-crash, whose second record is counted again (conservative). Version-1 lines carry no `seq`,
+crash, whose second record is counted again: as a fresh sample with secret sampling, as the
+same sample released twice with a seeded one (`SamplingEvent.seeded`). Version-1 lines carry no `seq`,
 so their rounds must be exactly 1, 2, 3, ... and they cannot follow version-2 lines.
 """
 
@@ -97,12 +99,16 @@ class SamplingEvent:
   kind='shuffled': the next block of `sample_size` clients of epoch `epoch`'s secret
   permutation of the population (each client at most once per epoch; `probability` None).
   `epoch` is set for shuffled events only (and only then written to JSON).
+  `seeded`: the sample is a function of a sampling seed (reproducible, so a re-executed round
+  draws the same clients again: the accountant composes both executions as one sample released
+  twice); written to JSON only when true.
   """
   kind: str
   population_size: int
   probability: Optional[float] = None
   sample_size: Optional[int] = None
   epoch: Optional[int] = None
+  seeded: bool = False
 
   def __post_init__(self):
     if self.kind not in SAMPLING_KINDS:
@@ -128,11 +134,15 @@ class SamplingEvent:
       object.__setattr__(self, 'epoch', _as_int(self.epoch, 'SamplingEvent.epoch', 1))
     elif self.epoch is not None:
       raise LedgerError(f'A {self.kind} SamplingEvent has no epoch, got {self.epoch!r}.')
+    if not isinstance(self.seeded, bool):
+      raise LedgerError(f'SamplingEvent.seeded must be true or false, got {self.seeded!r}.')
 
   def to_json(self) -> dict:
     out = dataclasses.asdict(self)
     if self.kind != 'shuffled':
       del out['epoch']   # Lines written before shuffled sampling existed stay the same.
+    if not self.seeded:
+      del out['seeded']   # Likewise for secret samples.
     return out
 
 
@@ -202,8 +212,12 @@ class RoundRecord:
                 'record')
     s = obj['sampling']
     shuffled = isinstance(s, dict) and s.get('kind') == 'shuffled'
+    seeded = isinstance(s, dict) and 'seeded' in s
     _check_keys(s, {'kind', 'population_size', 'probability', 'sample_size'}
-                | ({'epoch'} if shuffled else set()), 'sampling')
+                | ({'epoch'} if shuffled else set()) | ({'seeded'} if seeded else set()),
+                'sampling')
+    if seeded and s['seeded'] is not True:
+      raise LedgerError(f'sampling.seeded is written only as true, got {s["seeded"]!r}.')
     if not isinstance(obj['queries'], list):
       raise LedgerError('record.queries must be a list.')
     integers = [('round_num', obj['round_num']), ('population_size', s['population_size'])]

@@ -158,7 +158,7 @@ class PoissonSampler(_Sampler):
   def sampling_event(self, round_num: Optional[int] = None) -> ledger.SamplingEvent:
     del round_num   # The same every round.
     return ledger.SamplingEvent(kind='poisson', population_size=len(self.client_ids),
-                                probability=self.probability)
+                                probability=self.probability, seeded=not self.secret)
 
 
 class FixedSizeSampler(_Sampler):
@@ -179,7 +179,7 @@ class FixedSizeSampler(_Sampler):
   def sampling_event(self, round_num: Optional[int] = None) -> ledger.SamplingEvent:
     del round_num   # The same every round.
     return ledger.SamplingEvent(kind='fixed_size', population_size=len(self.client_ids),
-                                sample_size=self.sample_size)
+                                sample_size=self.sample_size, seeded=not self.secret)
 
 
 KEY_BYTES = 32
@@ -261,7 +261,32 @@ class ShuffledSampler:
 
   def sampling_event(self, round_num: int) -> ledger.SamplingEvent:
     return ledger.SamplingEvent(kind='shuffled', population_size=len(self.client_ids),
-                                sample_size=self.sample_size, epoch=self.epoch(round_num))
+                                sample_size=self.sample_size, epoch=self.epoch(round_num),
+                                seeded=not self.secret)
+
+
+def holdout_key(seed: Optional[int]) -> bytes:
+  """The key choosing held-out evaluation clients: 32 bytes from the OS, or derived from a
+  sampling seed (reproducible, and then known to whoever holds the seed)."""
+  if seed is None:
+    return os.urandom(KEY_BYTES)
+  return hashlib.sha256(b'tff_dp.sampling.hold_out seed %d' % _check_seed(seed)).digest()
+
+
+def hold_out(client_ids: Sequence[Hashable], count: int, key: bytes
+             ) -> tuple[List[Hashable], List[Hashable]]:
+  """(held out, the rest, both in population order): the `count` clients with the smallest
+  keyed BLAKE2b values of their ids. A function of the key and the ids only (not of their
+  order), so a resume holds out the same clients; unpredictable without the key."""
+  ids = _check_population(client_ids)
+  if not 1 <= count < len(ids):
+    raise errors.UserInputError(f'`eval_holdout_clients={count}` must be in [1, {len(ids)}) '
+                                f'(the {len(ids)} training clients)')
+  values = [hashlib.blake2b(str(cid).encode('utf-8'), key=key, digest_size=16).digest()
+            for cid in ids]
+  chosen = set(np.argsort(np.array(values, dtype=object), kind='stable')[:count].tolist())
+  return ([c for i, c in enumerate(ids) if i in chosen],
+          [c for i, c in enumerate(ids) if i not in chosen])
 
 
 def load_key(path: str, what: str = 'shuffling key') -> Optional[bytes]:

@@ -4,6 +4,8 @@
 """
 
 from tff_dp.accounting.accountant import check_analysable
+from tff_dp.accounting.accountant import check_delta
+from tff_dp.accounting.accountant import suggested_delta
 from tff_dp.accounting.accountant import collapsed_dp_event
 from tff_dp.accounting.accountant import TREE_RELATION
 from tff_dp.noise_budget import effective_noise_multiplier

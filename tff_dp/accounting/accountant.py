@@ -119,14 +119,37 @@ def check_methods(methods: Iterable[str]) -> Tuple[str, ...]:
   return tuple(m for m in METHODS if m in methods)
 
 
-def check_delta(delta) -> float:
+def check_delta(delta, population_size: Optional[int] = None) -> float:
+  """`delta` as a float in (0, 1), and below 1 / `population_size` when that is given.
+
+  A delta at or above 1/N is no user-level guarantee: the mechanism that publishes one
+  randomly chosen client's data in the clear satisfies (0, 1/N)-DP. So a run, a ledger
+  replay and a calibration over N clients refuse it and name a delta that works.
+  """
   try:
     delta = float(delta)
   except (TypeError, ValueError):
-    raise errors.UserInputError(f'delta must be a number, got {delta!r}.') from None
+    raise errors.UserInputError(f'`delta` must be a number, got {delta!r}.') from None
   if not 0.0 < delta < 1.0:
-    raise errors.UserInputError(f'delta must be in (0, 1), got {delta}.')
+    raise errors.UserInputError(f'`delta` must be in (0, 1), got {delta}.')
+  if population_size is not None and delta * population_size >= 1.0:
+    raise errors.UserInputError(
+        f'`delta={delta:g}` is not below 1/population = 1/{population_size}: publishing one '
+        f'random client\'s data in the clear would satisfy it; use `delta` <= '
+        f'{suggested_delta(population_size):g}.')
   return delta
+
+
+def suggested_delta(population_size: int) -> float:
+  """A delta well below 1/population (a power of ten at most 1/(10 N)), and at most 1e-5: the
+  default of runs and the value `check_delta` suggests."""
+  return min(1e-5, 10 ** math.floor(math.log10(1.0 / population_size) - 1))
+
+
+def population_of(records: Sequence[ledger.RoundRecord]) -> Optional[int]:
+  """The smallest population a ledger's rounds sampled from (None for an empty ledger): the
+  population the ledger's delta must be below 1/ of."""
+  return min((r.sampling.population_size for r in records), default=None)
 
 
 def default_relation(records: Sequence[ledger.RoundRecord]) -> str:
@@ -150,7 +173,7 @@ def check_analysable(sampling_kind: str, tree: bool) -> None:
         '`dp=ftrl_adaptive`, or `client_sampling=poisson`.')
 
 
-def _gaussian_noise_multipliers(record: ledger.RoundRecord,
+def gaussian_noise_multipliers(record: ledger.RoundRecord,
                                 neighboring_relation: str) -> Optional[List[float]]:
   """Per-query sigma_g / Delta_g as Python floats; None if some query is non-private.
 
@@ -193,7 +216,7 @@ def _wrap_sampling(record: ledger.RoundRecord, neighboring_relation: str,
 def _multipliers_or_special_event(record: ledger.RoundRecord, neighboring_relation: str):
   """(noise multipliers, None), or (None, event) when the round is non-private or a no-op."""
   check_relation(neighboring_relation)
-  multipliers = _gaussian_noise_multipliers(record, neighboring_relation)
+  multipliers = gaussian_noise_multipliers(record, neighboring_relation)
   if multipliers is None:
     return None, dp_accounting.NonPrivateDpEvent()
   if not multipliers:
@@ -218,7 +241,7 @@ def record_to_dp_event(record: ledger.RoundRecord,
   return _wrap_sampling(record, neighboring_relation, inner)
 
 
-def _round_down(value: float, digits: int) -> float:
+def round_down(value: float, digits: int) -> float:
   """Largest float <= value with `digits` significant decimal digits (a PLD group key)."""
   if value == 0.0 or not math.isfinite(value):
     return value
@@ -278,18 +301,25 @@ class LedgerAccountant:
     self._relation = check_relation(neighboring_relation)
     self._orders = tuple(float(o) for o in (
         rdp_orders if rdp_orders is not None else rdp_privacy_accountant.DEFAULT_RDP_ORDERS))
-    self._rdp = None  # Running RDP vector (numpy), None until the first private event.
+    self._pld_discretization = pld_value_discretization_interval
     self._rdp_cache: 'collections.OrderedDict[dp_accounting.DpEvent, np.ndarray]' = (
         collections.OrderedDict())
+    # Every record composed so far (a re-executed seeded round is merged into its first).
+    self._records: List[ledger.RoundRecord] = []
+    self._num_records = 0
+    self._reset()
+
+  def _reset(self) -> None:
+    """Composes nothing yet (the records are composed again after a merge)."""
+    self._rdp = None  # Running RDP vector (numpy), None until the first private event.
     self._non_private = False
     self._pld_accountant = dp_accounting.pld.PLDAccountant(
         neighboring_relation=self._relation,
-        value_discretization_interval=pld_value_discretization_interval)
+        value_discretization_interval=self._pld_discretization)
     # Events not yet composed into the PLD: group key (the event with z_eff rounded down to
     # PLD_GROUP_DIGITS) -> [smallest exact z_eff in the group, count]. Composition is
     # commutative, so a group is composed once with `count` (see the module docstring).
     self._pld_queue: Dict[dp_accounting.DpEvent, list] = {}
-    self._num_records = 0
     self._tree: Optional[_TreeAccount] = None   # Set by the first tree record.
 
   @property
@@ -313,12 +343,34 @@ class LedgerAccountant:
     return self._rdp.copy()
 
   def add(self, record: ledger.RoundRecord) -> None:
-    """Composes one round. Raises UserInputError if a method cannot analyse it."""
+    """Composes one round. Raises UserInputError if a method cannot analyse it.
+
+    A record of a round already composed whose sample is seeded (`sampling.seeded`: a resume
+    re-executed a released round and drew the same clients again) is not a new sample: both
+    executions are one sample released twice, which is exactly one sampled Gaussian over the
+    queries of both (Eq. (1) composes queries on one sample). The earlier record is replaced
+    by that merge and the ledger composed again (rare: only after a crash). A re-executed
+    round with secret sampling drew a fresh sample and composes as a round of its own.
+    """
     if not isinstance(record, ledger.RoundRecord):
       raise errors.UserInputError(f'add expects a RoundRecord, got {type(record).__name__}.')
+    self._num_records += 1
+    earlier = self._same_sample(record)
+    if earlier is None:
+      self._records.append(record)
+      self._compose(record)
+      return
+    self._records[earlier] = merged_reexecution(self._records[earlier], record)
+    self._reset()
+    for r in self._records:
+      self._compose(r)
+
+  def _same_sample(self, record: ledger.RoundRecord) -> Optional[int]:
+    return same_sample_index(self._records, record)
+
+  def _compose(self, record: ledger.RoundRecord) -> None:
     if record.tree_leaf is not None:
       self._add_tree_record(record)
-      self._num_records += 1
       return
     if self._tree is not None:
       raise errors.UserInputError(f'Round {record.round_num} adds independent Gaussian noise '
@@ -339,11 +391,10 @@ class LedgerAccountant:
         self._rdp = rdp.copy() if self._rdp is None else self._rdp + rdp
       if 'pld' in self.methods:
         z = event.event.noise_multiplier
-        key = _with_noise_multiplier(event, _round_down(z, PLD_GROUP_DIGITS))
+        key = _with_noise_multiplier(event, round_down(z, PLD_GROUP_DIGITS))
         group = self._pld_queue.setdefault(key, [z, 0])
         group[0] = min(group[0], z)
         group[1] += 1
-    self._num_records += 1
 
   def _add_tree_record(self, record: ledger.RoundRecord) -> None:
     check_analysable(record.sampling.kind, tree=True)
@@ -351,12 +402,12 @@ class LedgerAccountant:
       raise errors.UserInputError(
           f'Round {record.round_num} is tree aggregation (DP-FTRL), accounted under '
           f'neighboring relation {TREE_RELATION} only; use {TREE_RELATION}.')
-    if self._num_records and self._tree is None:
+    if len(self._records) > 1 and self._tree is None:
       raise errors.UserInputError(f'Round {record.round_num} is tree aggregation in a ledger '
                                   'of Gaussian rounds; one ledger holds one mechanism.')
     if self._tree is None:
       self._tree = _TreeAccount(self._orders)
-    multipliers = _gaussian_noise_multipliers(record, TREE_RELATION)
+    multipliers = gaussian_noise_multipliers(record, TREE_RELATION)
     if multipliers is None:
       self._non_private = True
       z = 0.0
@@ -435,6 +486,7 @@ class LedgerAccountant:
       trial._non_private = self._non_private
       trial._tree = copy.deepcopy(self._tree)
       trial._num_records = self._num_records
+      trial._records = list(self._records)
       # pylint: enable=protected-access
       trial.add(record)
       return trial.epsilon_rdp()
@@ -444,6 +496,38 @@ class LedgerAccountant:
     trial = copy.deepcopy(self)
     trial.add(record)
     return trial.epsilon_pld()
+
+def same_sample_index(earlier: Sequence[ledger.RoundRecord],
+                      record: ledger.RoundRecord) -> Optional[int]:
+  """Index in `earlier` of the record whose sample `record` drew again (a re-executed round of
+  seeded sampling, see `LedgerAccountant.add`), or None: `record` is a sample of its own."""
+  if not record.sampling.seeded or record.tree_leaf is not None:
+    return None
+  for i in range(len(earlier) - 1, -1, -1):
+    if earlier[i].round_num == record.round_num:
+      return i if earlier[i].sampling == record.sampling else None
+  return None
+
+
+def merged_records(records: Sequence[ledger.RoundRecord]) -> List[ledger.RoundRecord]:
+  """`records` with every re-executed seeded round merged into its first execution."""
+  out: List[ledger.RoundRecord] = []
+  for record in records:
+    i = same_sample_index(out, record)
+    if i is None:
+      out.append(record)
+    else:
+      out[i] = merged_reexecution(out[i], record)
+  return out
+
+
+def merged_reexecution(first: ledger.RoundRecord,
+                       again: ledger.RoundRecord) -> ledger.RoundRecord:
+  """The record of one seeded sample released twice: its queries are those of both
+  executions (z_eff = (z_1^-2 + z_2^-2)^-1/2 for one query each, e.g. z / sqrt(2))."""
+  return ledger.RoundRecord(first.round_num, first.sampling, first.queries + again.queries,
+                            first.tree_leaf)
+
 
 class _TreeAccount:
   """RDP of a tree-aggregation ledger so far (see the module docstring): closed epochs plus
@@ -522,6 +606,7 @@ def epsilon_curve(records: Sequence[ledger.RoundRecord], delta: float,
   Duplicate round numbers (rounds re-executed after a resume) are all composed.
   `progress(done, total)`, if given, is called after each PLD evaluation and at the end.
   """
+  check_delta(delta, population_of(records))
   acc = LedgerAccountant(delta, methods, neighboring_relation, **accountant_kwargs)
   n = len(records)
   if pld_every is None:

@@ -117,7 +117,9 @@ def calibrate_noise_multiplier(
   if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
     raise errors.UserInputError(f'target_epsilon must be positive and finite, got '
                                 f'{target_epsilon}.')
-  delta = accountant.check_delta(delta)
+  delta = accountant.check_delta(
+      delta, population_size if isinstance(population_size, int) and population_size > 0
+      else None)
   if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
     raise errors.UserInputError(f'rounds must be a positive integer, got {rounds!r}.')
   if method not in accountant.METHODS:

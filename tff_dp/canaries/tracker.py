@@ -16,6 +16,7 @@ key file), so a resumed run continues the same statistics.
 """
 
 import collections
+import math
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -59,8 +60,12 @@ class CanaryTracker:
     fewer than 2 inserted canaries."""
     if self.directions.num_inserted < MIN_CANARIES_FOR_A_FIT:
       return None
-    inserted = self.directions.cosines(self._initial - self._flat(weights))[directions_lib.INSERTED]
-    return estimate.epsilon_from_cosines_closed_form_null(inserted, self.directions.dim, delta)
+    return estimate.epsilon_from_cosines_closed_form_null(self._final_cosines(weights),
+                                                          self.directions.dim, delta)
+
+  def _final_cosines(self, weights: Sequence[Any]) -> np.ndarray:
+    """The inserted canaries' cosines with the total change from the initial model."""
+    return self.directions.cosines(self._initial - self._flat(weights))[directions_lib.INSERTED]
 
   def all_iterates_estimate(self, delta: float) -> Optional[estimate.CanaryEstimate]:
     """The all-iterates estimate over the rounds observed; None before the first round or with
@@ -70,6 +75,21 @@ class CanaryTracker:
       return None
     return estimate.all_iterates_epsilon(self._max[directions_lib.INSERTED],
                                          self._max[directions_lib.UNSEEN], delta)
+
+  def final_model_interval(self, weights: Sequence[Any], delta: float
+                           ) -> Optional[estimate.EstimateInterval]:
+    """The bootstrap interval of `final_model_estimate` (None where that is None)."""
+    if self.directions.num_inserted < MIN_CANARIES_FOR_A_FIT:
+      return None
+    return estimate.bootstrap_interval(self._final_cosines(weights), delta,
+                                       null=(0.0, 1.0 / math.sqrt(self.directions.dim)))
+
+  def all_iterates_interval(self, delta: float) -> Optional[estimate.EstimateInterval]:
+    """The bootstrap interval of `all_iterates_estimate` (None where that is None)."""
+    if self.all_iterates_estimate(delta) is None:
+      return None
+    return estimate.bootstrap_interval(self._max[directions_lib.INSERTED], delta,
+                                       unseen=self._max[directions_lib.UNSEEN])
 
   def get_state(self) -> collections.OrderedDict:
     """What a checkpoint keeps (numpy arrays; the key is not among them)."""

@@ -4,8 +4,8 @@ statistics over rounds and the estimates the loop reports (issue 16; `tff_dp.can
 The K inserted canaries are clients of the population like any other: the sampler draws them
 (so N, q and the ledger count them) and the round's aggregator clips and noises their updates.
 A canary's id is a `CanaryId`; the loop reads real clients' data for the other ids and asks
-`round_values` for the whole round's client values. The directions' key lives in a file beside
-the checkpoints (`KEY_FILE`, owner-readable, like the shuffled sampler's key); the tracker's
+`round_values` for the whole round's client values. The directions' key lives in a file under
+secret/ (`KEY_FILE`, owner-readable, like the shuffled sampler's key); the tracker's
 statistics go into the checkpoint (`tracker.get_state()`).
 """
 
@@ -18,7 +18,7 @@ from tff_dp import canaries
 from tff_dp.canaries import insertion
 from tff_dp.training import metrics_file
 
-KEY_FILE = 'canary_key.secret'
+KEY_FILE = 'canary_key'
 # metrics.csv columns of the two estimates (at the run's delta; post-processing of the released
 # models and of randomness independent of the data, so covered by the guarantee).
 FINAL_MODEL_COLUMN, ALL_ITERATES_COLUMN = metrics_file.CANARY_EPSILON_COLUMNS

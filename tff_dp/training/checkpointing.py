@@ -56,11 +56,12 @@ def save(run_dir, round_num: int, state, aggregates: Mapping[str, Any], recent,
 
 
 def save_completed_rounds(run_dir, aggregates: Mapping[str, Any], progress: Progress,
-                          log: Callable[[str], None]) -> None:
-  """Checkpoints the last completed round if it was not (so `resume` re-executes nothing).
+                          log: Callable[[str], None]) -> bool:
+  """Checkpoints the last completed round if it was not (so `resume` re-executes nothing);
+  whether the last completed round is now checkpointed.
 
-  Called when a run stops early (signal, failed round): a failed write is logged, not raised,
-  since the run is stopping anyway and the earlier checkpoint is intact.
+  Called when a run stops early (signal, `max_epsilon`, failed round): a failed write is
+  logged, not raised, since the run is stopping anyway and the earlier checkpoint is intact.
   """
   if progress.round_num > progress.checkpointed:
     try:
@@ -70,3 +71,5 @@ def save_completed_rounds(run_dir, aggregates: Mapping[str, Any], progress: Prog
     except (OSError, tf.errors.OpError) as e:
       log(f'could not checkpoint round {progress.round_num} ({e}); `resume` restarts from '
           f'round {progress.checkpointed + 1}')
+      return False
+  return True

@@ -9,6 +9,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from tff_dp import ledger as ledger_lib
 from tff_dp.training import evaluation
+from tff_dp.training import release
 
 
 @dataclasses.dataclass
@@ -20,11 +21,20 @@ class LoopConfig:
   max_epsilon: Optional[float] = None
   uncertainty_last_k: int = 0
   dp: str = 'adaptive'              # The DP aggregation kind; 'none' for no DP.
-  private_release: bool = False     # Keep non-private diagnostics out of every output.
+  # What the run's outputs are, privacy-wise (`release.RunFacts`: private_release among them).
+  release_facts: release.RunFacts = dataclasses.field(default_factory=release.RunFacts)
+  # How the statement describes the evaluation data (a key of privacy_statement._EVAL_TEXT).
+  eval_description: str = 'test_shared'
+  side_information: Optional[str] = None   # Where AdaDPS side information came from.
   client_cache_size: int = 1000     # Preprocessed client datasets kept (0: rebuild each round).
   prefetch_clients: bool = True     # Build round r+1's client datasets while round r runs.
   # Replace the local TFF worker by a fresh process after every N-th round (0: never).
   worker_restart_rounds: int = 0
+
+  @property
+  def private_release(self) -> bool:
+    """Keep non-private diagnostics out of every output, and write release/."""
+    return self.release_facts.private_release
 
 
 @dataclasses.dataclass

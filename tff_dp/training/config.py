@@ -421,11 +421,18 @@ class OutputConfig(Section):
   max_eval_examples: int = setting(
       2000, 'Test examples used per evaluation (0: all).',
       check=(lambda v: v >= 0, 'must be >= 0 (0: all)'), resumable=True)
+  eval_data: str = setting(
+      'test', 'What central evaluation runs on; decides whether eval metrics are covered by '
+      'the DP guarantee.', one_of=choices.EVAL_DATA)
+  eval_holdout_clients: Optional[int] = setting(
+      None, 'With `eval_data=holdout`: how many of the training clients that have test data '
+      'to hold out for evaluation (unset: a tenth of them, at most 1000).', check=_at_least(1))
   private_release: bool = setting(
       False, 'Keep every non-private diagnostic (sampled and rejected client counts, client '
-      'names, zeroed updates, timings, client training metrics) out of the console, '
-      'metrics.csv, TensorBoard and plots, so that the run\'s outputs can be published as they '
-      'are.')
+      'names, zeroed updates, timings, client training metrics, evaluation on protected users) '
+      'out of the console, metrics.csv and plots, write no TensorBoard events (wall-clock '
+      'times), and write release/: the final model, covered metrics, ledger and privacy '
+      'statement, to publish as it is.')
 
 
 def _finite_numbers(results: Mapping) -> bool:

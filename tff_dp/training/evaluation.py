@@ -56,6 +56,13 @@ class CentralizedEvaluator:
     results.update({m.name: float(m.result()) for m in self._metrics})
     return results
 
+  def save_model(self, flat_weights: Sequence[np.ndarray], path: str) -> None:
+    """Writes the model with these weights in Keras' own format (`path` ends in .keras):
+    architecture and weights, loadable with `tf.keras.models.load_model` without this
+    package."""
+    self._assign(flat_weights)
+    self._model.save(path)
+
   def predict_scores(self, flat_weights: Sequence[np.ndarray], max_examples: int = 1000):
     """Per-example predicted scores, flattened per example (for last-k uncertainty)."""
     self._assign(flat_weights)

@@ -8,7 +8,6 @@ Validation happens before the run directory is touched.
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import types
 from typing import Any, Optional
@@ -36,6 +35,7 @@ from tff_dp.training import evaluation
 from tff_dp.training import fed_avg
 from tff_dp.training import loop
 from tff_dp.training import optimizers
+from tff_dp.training import release
 from tff_dp.training import run_dir as run_dir_lib
 from tff_dp.training import stop_signal
 from tff_dp.training.config import ExperimentConfig
@@ -52,8 +52,10 @@ choices.check_implemented(choices.LOOP_IMPLEMENTATIONS, LOOP_IMPLEMENTATIONS,
 
 # Settings a resumed run may change (declared with the fields: `config.setting(resumable=)`).
 RESUMABLE_CHANGES = config_lib.RESUMABLE_SETTINGS
-# The shuffled sampler's secret key, kept in the run directory for resume (tff_dp.sampling).
-SAMPLING_KEY_FILE = 'sampling_key.secret'
+# Secret keys kept in the run directory's secret/ folder for resume (tff_dp.sampling): the
+# shuffled sampler's and the one choosing held-out evaluation clients.
+SAMPLING_KEY_FILE = 'sampling_key'
+HOLDOUT_KEY_FILE = 'holdout_key'
 
 
 def resume_changes(recorded: dict[str, Any], cfg: ExperimentConfig) -> dict[str, tuple]:
@@ -117,13 +119,63 @@ def _sampler(cfg: config_lib.SamplingConfig, client_ids, key_path: str, resume: 
                                 seed=cfg.sampling_seed, key=key)
 
 
-def _eval_dataset(task, max_examples: int, seed: int):
-  # TFF shuffles the client order with an unseeded RNG unless given a seed: with
-  # --max_eval_examples the evaluated subset would differ between runs (and across a resume).
-  raw = task.test_data.create_tf_dataset_from_all_clients(seed=seed)
+def _eval_dataset(task, max_examples: int, seed: int, clients: Optional[list] = None):
+  """The preprocessed evaluation data: the test split's (all clients), or the test-split data
+  of `clients` (held-out clients)."""
+  if clients is None:
+    # TFF shuffles the client order with an unseeded RNG unless given a seed: with
+    # --max_eval_examples the evaluated subset would differ between runs (and across a resume).
+    raw = task.test_data.create_tf_dataset_from_all_clients(seed=seed)
+  else:
+    raw = task.test_data.create_tf_dataset_for_client(clients[0])
+    for cid in clients[1:]:
+      raw = raw.concatenate(task.test_data.create_tf_dataset_for_client(cid))
   if max_examples:
     raw = raw.take(max_examples)
   return task.preprocess_eval(raw)
+
+
+@dataclasses.dataclass
+class _Evaluation:
+  """The evaluation data's clients (None: the whole test split), whether its metrics are
+  covered, how the statement describes it, and the holdout key to keep (new secret runs)."""
+  clients: Optional[list]
+  covered: bool
+  description: str
+  key_to_save: Optional[bytes] = None
+
+
+def _evaluation(cfg, task, train_ids: list, key_path: str) -> tuple[_Evaluation, list]:
+  """(the evaluation, the training ids left for the population)."""
+  if cfg.eval_data == 'public_test':
+    return _Evaluation(None, True, 'public_test'), train_ids
+  if cfg.eval_data == 'test':
+    shared = not set(task.test_data.client_ids).isdisjoint(train_ids)
+    return _Evaluation(None, not shared, 'test_shared' if shared else 'test_disjoint'), train_ids
+  # Held out among the training clients that have test data (TFF's test splits hold later
+  # data of training users): a client-level split of the test data.
+  test_ids = set(task.test_data.client_ids)
+  candidates = [c for c in train_ids if c in test_ids]
+  if not candidates:
+    raise UserInputError('`eval_data=holdout`: no client of the test split is in the training '
+                         'population, so `eval_data=test` is already covered; use it')
+  count = cfg.eval_holdout_clients or max(1, min(1000, len(candidates) // 10))
+  if count >= len(candidates):
+    raise UserInputError(f'`eval_holdout_clients={count}` must be below the {len(candidates)} '
+                         'training clients that have test data')
+  key, key_to_save = None, None
+  if cfg.sampling_seed is None:
+    key = sampling.load_key(key_path, what='holdout key')
+    if key is None:
+      if cfg.resume:
+        raise UserInputError(f'`resume`: {key_path} is missing; without the holdout key the '
+                             'held-out evaluation clients cannot be chosen again')
+      key = key_to_save = sampling.holdout_key(None)
+  else:
+    key = sampling.holdout_key(cfg.sampling_seed)
+  held_out = set(sampling.hold_out(candidates, count, key)[0])
+  rest = [c for c in train_ids if c not in held_out]
+  return _Evaluation(sorted(held_out), True, 'holdout', key_to_save), rest
 
 
 def first_round_queries(process) -> tuple[ledger_lib.GaussianSumQuery, ...]:
@@ -194,11 +246,16 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
   if cfg.precondition != 'none' and cfg.side_info == 'public_clients':
     # Held-out public/proxy clients (the paper's OOD setting): removed from the private population.
     public_ids, train_ids = train_ids[:cfg.num_public_clients], train_ids[cfg.num_public_clients:]
+  evaluation_data, train_ids = _evaluation(cfg, task, train_ids,
+                                           run_dir.secret_file(HOLDOUT_KEY_FILE))
   # Inserted canaries are clients of the population: sampled, and counted in N and q.
   population = canary_run.population(train_ids, cfg.num_canaries)
-  sampler = _sampler(config.sampling, population, run_dir.file(SAMPLING_KEY_FILE), cfg.resume)
+  sampler = _sampler(config.sampling, population, run_dir.secret_file(SAMPLING_KEY_FILE),
+                     cfg.resume)
   tree = cfg.dp in aggregators.TREE_KINDS
-  delta = cfg.delta if cfg.delta is not None else _default_delta(len(population))
+  delta = accounting.check_delta(
+      cfg.delta if cfg.delta is not None else accounting.suggested_delta(len(population)),
+      len(population))
   accountant = None
   if cfg.dp != 'none':
     # PLD at a 1e-3 value grid: dp_accounting discretizes pessimistically (a valid upper
@@ -239,7 +296,7 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
       loop_implementation=LOOP_IMPLEMENTATIONS[cfg.loop_implementation],
       canaries=bool(cfg.num_canaries))
   canaries = _canaries(config.canaries, process, task, train_ids,
-                       run_dir.file(canary_run.KEY_FILE), cfg.resume)
+                       run_dir.secret_file(canary_run.KEY_FILE), cfg.resume)
   if cfg.datasets_on_workers:
     process = _with_datasets_on_workers(process, task)
   stop.raise_if_received('during start-up')
@@ -260,23 +317,30 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
   # Keras models created before it ("Your Layer or Model is in an invalid state").
   evaluator = evaluation.CentralizedEvaluator(
       task.keras_model_fn, task.loss_fn, task.metrics_fn,
-      _eval_dataset(task, cfg.max_eval_examples, cfg.seed))
+      _eval_dataset(task, cfg.max_eval_examples, cfg.seed, evaluation_data.clients))
   # Integer labels/tokens must index the model's outputs (checked once per client).
   max_index = evaluator.output_dim
   clip_group_labels = _clip_group_labels(dp_factory, evaluator.trainable_weight_names)
   aggregates, train_policy = _checkpoint_aggregation(config.checkpoint_aggregation)
   stop.raise_if_received('during start-up')
 
-  run_dir.create()
+  facts = release.RunFacts(
+      dp=cfg.dp != 'none', noise_state_in_checkpoints=tree,
+      eval_covered=evaluation_data.covered, seeded=cfg.sampling_seed is not None,
+      private_release=cfg.private_release)
+  run_dir.create(secret_checkpoints=facts.noise_state_in_checkpoints,
+                 tensorboard=not cfg.private_release)
   run_dir.write_config(dict(config.settings(), delta_used=delta,
                             population_size=len(population), task=task.name),
                        changes=changes)
-  # A new run keeps its secret keys beside the checkpoints; a resumed one read them (`_sampler`
-  # and `_canaries` refuse to resume without them).
+  # A new run keeps its secret keys under secret/; a resumed one read them (`_sampler`,
+  # `_evaluation` and `_canaries` refuse to resume without them).
   if isinstance(sampler, sampling.ShuffledSampler) and sampler.secret and not cfg.resume:
-    sampling.save_key(run_dir.file(SAMPLING_KEY_FILE), sampler.key)
+    sampling.save_key(run_dir.secret_file(SAMPLING_KEY_FILE), sampler.key)
   if canaries is not None and canaries.directions.key is not None and not cfg.resume:
-    sampling.save_key(run_dir.file(canary_run.KEY_FILE), canaries.directions.key)
+    sampling.save_key(run_dir.secret_file(canary_run.KEY_FILE), canaries.directions.key)
+  if evaluation_data.key_to_save is not None:
+    sampling.save_key(run_dir.secret_file(HOLDOUT_KEY_FILE), evaluation_data.key_to_save)
   ledger = None
   if cfg.dp != 'none':
     # On resume, a partial last line is a record whose round released nothing (outputs are
@@ -299,8 +363,8 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
       total_rounds=cfg.total_rounds, rounds_per_eval=cfg.rounds_per_eval,
       rounds_per_checkpoint=cfg.rounds_per_checkpoint, delta=delta,
       max_epsilon=cfg.max_epsilon, uncertainty_last_k=cfg.uncertainty_last_k,
-      dp=cfg.dp, private_release=cfg.private_release,
-      client_cache_size=cfg.client_cache_size, prefetch_clients=cfg.prefetch_clients,
+      dp=cfg.dp, release_facts=facts, eval_description=evaluation_data.description,
+      side_information=_side_information(cfg), client_cache_size=cfg.client_cache_size, prefetch_clients=cfg.prefetch_clients,
       worker_restart_rounds=cfg.worker_restart_rounds)
   return loop_config, parts
 
@@ -370,9 +434,18 @@ def _client_dataset_fn(task):
   return lambda cid: task.preprocess_train(task.train_data.create_tf_dataset_for_client(cid))
 
 
-def _default_delta(population: int) -> float:
-  """delta below 1/population, the usual requirement for user-level DP."""
-  return min(1e-5, 10 ** math.floor(math.log10(1.0 / population) - 1))
+def _side_information(cfg) -> Optional[str]:
+  """What the statement says of AdaDPS side information (None without AdaDPS)."""
+  if cfg.precondition == 'none':
+    return None
+  if cfg.side_info in ('word_freq', 'tag_freq'):
+    return (f'AdaDPS side information ({cfg.side_info}): counts over the whole dataset, the '
+            'training clients\' own data included, used as public (as in the AdaDPS paper); '
+            'not covered by the DP guarantee')
+  if cfg.side_info == 'public_clients':
+    return (f'AdaDPS side information from {cfg.num_public_clients} public clients, removed '
+            'from the training population')
+  return f'AdaDPS side information read from {cfg.side_info[5:]}, declared public by the operator'
 
 
 def _checkpoint_aggregation(cfg: config_lib.CheckpointAggregationConfig):

@@ -23,7 +23,7 @@ from tff_dp.training import checkpointing
 from tff_dp.training import client_data as client_data_lib
 from tff_dp.training import components
 from tff_dp.training import evaluation
-from tff_dp.training import privacy_statement
+from tff_dp.training import release
 from tff_dp.training import report
 from tff_dp.training import resume
 from tff_dp.training import run_dir as run_dir_lib
@@ -100,31 +100,54 @@ class _Rounds:
 
   def run(self) -> components.RunSummary:
     """How the rounds ended (`rounds_completed` and `final_state` are in `progress`)."""
+    try:
+      return self._run_rounds()
+    except (KeyboardInterrupt, SystemExit) as e:
+      if self.stop.received is None:
+        raise
+      # A second signal aborted a round (or a write): the completed rounds are kept, so that
+      # `resume` re-executes nothing that was released.
+      raise errors.RunInterrupted(
+          self.stop.received, f'aborted by a second {self.stop.name}: '
+          f'{self._kept_rounds()}') from e
+
+  def _run_rounds(self) -> components.RunSummary:
     config, progress = self.config, self.progress
     for round_num in range(progress.round_num + 1, config.total_rounds + 1):
       if self.stop.received is not None:
-        self._checkpoint_completed_rounds()
-        self.c.log(f'stopped by {self.stop.name} after round {progress.round_num}; checkpoint '
-                   'and ledger are consistent, continue with `resume`')
+        self.c.log(f'stopped by {self.stop.name}: {self._kept_rounds()}')
         return self._ending(stopped_by_signal=self.stop.name)
       if config.max_epsilon is not None:
         predicted = self._predicted_epsilon(round_num)
         if predicted is not None and predicted > config.max_epsilon:
           self.c.log(f'stopping before round {round_num}: epsilon would reach {predicted:.4g} '
-                     f'> `max_epsilon={config.max_epsilon:g}`')
+                     f'> `max_epsilon={config.max_epsilon:g}`; {self._kept_rounds()} '
+                     '(after raising `max_epsilon`)')
           return self._ending(stopped_by_max_epsilon=True)
       self._run_one_round(round_num)
     if self.stop.received is not None and progress.round_num < config.total_rounds:
-      self._checkpoint_completed_rounds()   # The last round was abandoned by the signal.
+      # The last round was abandoned by the signal.
+      self.c.log(f'stopped by {self.stop.name}: {self._kept_rounds()}')
       return self._ending(stopped_by_signal=self.stop.name)
     return self._ending()
+
+  def _kept_rounds(self) -> str:
+    """Checkpoints the last completed round (if it was not) and says what a resume does."""
+    done = self.progress.round_num
+    if self._checkpoint_completed_rounds():
+      return (f'rounds 1-{done} are kept (checkpoint, ledger and metrics agree); `resume` '
+              f'continues at round {done + 1}' if done else
+              'no round had completed; `resume` starts at round 1')
+    return (f'rounds 1-{done} were released but could not all be checkpointed; `resume` '
+            f'restarts after round {self.progress.checkpointed} and counts the rounds it '
+            're-executes again')
 
   def _ending(self, **how) -> components.RunSummary:
     return components.RunSummary(rounds_completed=self.progress.round_num, **how)
 
-  def _checkpoint_completed_rounds(self) -> None:
-    checkpointing.save_completed_rounds(self.c.run_dir, self.c.aggregates, self.progress,
-                                        self.c.log)
+  def _checkpoint_completed_rounds(self) -> bool:
+    return checkpointing.save_completed_rounds(self.c.run_dir, self.c.aggregates,
+                                               self.progress, self.c.log)
 
   def _predicted_epsilon(self, round_num: int) -> Optional[float]:
     """Epsilon after `round_num` if its mechanism matches the last executed (or planned) one."""
@@ -299,7 +322,7 @@ class _Rounds:
                            progress.canary_tracker)
       # Whole round: sampling, data, TFF round, ledger, accounting, eval, checkpoint.
       row['wall_seconds'] = time.perf_counter() - round_start
-      row = privacy_statement.released_row(row, config.private_release)
+      row = release.released_row(row, config.release_facts)
       c.run_dir.metrics.append(row)
       c.run_dir.write_summaries(round_num, row)
     progress.round_num, progress.state = round_num, state

@@ -1,30 +1,22 @@
-"""What a run's epsilon covers: which outputs are DP releases, and the run's privacy statement.
+"""A run's privacy statement (summary.json and the console's last lines): the guarantee, with the
+epsilon a proof supports as its headline, and what it covers, derived from the one
+classification of outputs (`tff_dp.training.release`).
 
-The guarantee (user-level (epsilon, delta)-DP under add/remove-one neighbouring, from the
-ledger) covers the outputs of the DP mechanism and their post-processing: the model after each
-round (checkpoints, evaluation of it and of its EMA / past-k averages on held-out test data), the
-clip trajectory and the noised unclipped-fraction estimate of adaptive clipping (they are
-computed from noised queries), the ledger and epsilon (functions of the executed mechanism, not
-of client data), and the canaries' empirical epsilon estimates (functions of the released models
-and of canary directions drawn independently of the data). Everything else a run can show depends
-on client data without noise and is a non-private diagnostic: how many clients a round sampled,
-which clients were rejected and why, how many updates were zeroed, round timings and the clients'
-training loss/accuracy.
-
-`is_covered_column` is the one place that decides this for a metrics column; it is an
-allowlist, so a metric added later is treated as a diagnostic until it is listed here.
+Headlines:
+  * Poisson sampling: the accountant's epsilon (exact under add/remove-one).
+  * fixed_size sampling: the proven without-replacement bound under replace-one
+    (`accounting.guarantee.fixed_size_proven`); the Poisson approximation under add/remove
+    (what the epsilon_* columns hold) is shown on the same line, labelled as one.
+  * A sampling seed: whoever holds it knows every sample, so the headline is the epsilon
+    without amplification by sampling (`accounting.guarantee.without_amplification`); the
+    amplified epsilon holds only while the seed stays secret, and is labelled so.
+  * Tree aggregation (DP-FTRL): the replace-special RDP epsilon (no amplification is used, so
+    a seed changes nothing).
 """
 
 from typing import Any, Iterable, Mapping, Optional
 
-# Columns (or prefixes) of metrics.csv that are covered by the guarantee.
-_COVERED_COLUMNS = ('round', 'trained_from_aggregate')
-_COVERED_PREFIXES = ('epsilon_', 'eval_', 'canary_epsilon_')
-# Measurement names of the DP aggregators (tff_dp.aggregators) whose values are computed from
-# noised queries or from the pre-round (already released) query state.
-_COVERED_AGGREGATOR_KEYS = frozenset({
-    'privacy_queries', 'clip', 'next_clip', 'unclipped_fraction_estimate', 'dp_query_metrics',
-    'scale', 'next_scale', 'tree_aggregation'})
+from tff_dp.training import release
 
 NEIGHBORING_RELATION = 'add_remove'
 # How each relation the accountant uses reads in a statement.
@@ -36,111 +28,158 @@ _RELATION_TEXT = {
                        'by a special client that contributes nothing (replace-special, '
                        'Kairouz et al. 2021 Definition 1.1; tree aggregation without sampling)',
 }
-
-
-def is_covered_column(name: str) -> bool:
-  """Whether metrics column `name` is covered by the run's DP guarantee."""
-  if name in _COVERED_COLUMNS or name.startswith(_COVERED_PREFIXES):
-    return True
-  parts = name.split('/')
-  return parts[0] == 'aggregator' and any(p in _COVERED_AGGREGATOR_KEYS for p in parts[1:])
-
-
-def released_row(row: Mapping[str, Any], private_release: bool) -> dict[str, Any]:
-  """The part of a metrics row a run writes: all of it, or only covered columns."""
-  if not private_release:
-    return dict(row)
-  return {k: v for k, v in row.items() if is_covered_column(k)}
+_EVAL_TEXT = {
+    'test_disjoint': 'the task\'s test split, whose clients are not in the training population',
+    'test_shared': 'the task\'s test split, which holds clients of the training population: '
+                   'evaluation is computed on protected users\' own data without noise (a '
+                   'non-private diagnostic; evaluate with eval_data=holdout for a covered one)',
+    'public_test': 'the task\'s test split, declared public by the operator (eval_data='
+                   'public_test): covered by that declaration, not by the DP guarantee',
+    'holdout': 'held-out clients (chosen with a secret key, removed from the training '
+               'population)',
+}
 
 
 def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional[float]],
-              delta: Optional[float], sampling_event: Any, sampling_secret: bool,
-              private_release: bool, released_columns: Iterable[str],
-              neighboring_relation: str = NEIGHBORING_RELATION) -> dict[str, Any]:
+              delta: Optional[float], sampling_event: Any, facts: release.RunFacts,
+              released_columns: Iterable[str], eval_data: str = 'test_shared',
+              neighboring_relation: str = NEIGHBORING_RELATION,
+              fixed_size_proven: Optional[float] = None,
+              without_amplification: Optional[Mapping[str, Optional[float]]] = None,
+              side_information: Optional[str] = None,
+              files: Optional[Iterable[str]] = None) -> dict[str, Any]:
   """The run's privacy statement (written to summary.json and printed at the end).
 
   Args:
     dp: the DP aggregation kind ('none' for no DP).
     rounds_completed: rounds executed and recorded in the ledger.
-    epsilons: final epsilon per accountant ('rdp', 'pld') at `delta`.
+    epsilons: final epsilon per accountant ('rdp', 'pld') at `delta`, as the run's accountant
+      (and its epsilon_* columns) computed it under `neighboring_relation`.
     delta: the delta of the guarantee.
-    sampling_event: the sampler's `ledger.SamplingEvent` (kind, population, q or m).
-    sampling_secret: whether the samples came from secret OS randomness (no sampling seed).
-    private_release: whether non-private diagnostics were kept out of every output.
+    sampling_event: the sampler's `ledger.SamplingEvent` (kind, population, q or m, seeded).
+    facts: what the run's classification of outputs depends on.
     released_columns: metrics columns the run wrote (to list the diagnostics among them).
+    eval_data: which of `_EVAL_TEXT` describes the evaluation data.
     neighboring_relation: the relation the accountant used (tff_dp.accounting).
+    fixed_size_proven: the proven replace-one RDP epsilon of a fixed_size run.
+    without_amplification: {method: epsilon} against the holder of a sampling seed.
+    side_information: where AdaDPS side information came from, if used.
+    files: the run directory's files (relative paths): the statement lists only outputs among
+      them (None: every output a run can write).
   """
-  diagnostics = sorted(c for c in set(released_columns) if not is_covered_column(c))
+  files = None if files is None else list(files)
   if dp == 'none':
     return {'differential_privacy': False,
             'guarantee': 'none: the run trained without differential privacy',
             'rounds': rounds_completed}
-  sampling = {'kind': sampling_event.kind, 'population': sampling_event.population_size,
-              'secret': sampling_secret}
-  if sampling_event.kind == 'poisson':
-    sampling['probability'] = sampling_event.probability
+  seeded = sampling_event.seeded and sampling_event.kind != 'shuffled'
+  headline, relation, labelled = dict(epsilons), neighboring_relation, []
+  result: dict[str, Any] = {}
+  if fixed_size_proven is not None:
+    result['epsilon_poisson_approximation'] = dict(epsilons)
+    headline, relation = {'rdp': fixed_size_proven}, 'replace_one'
+    labelled.append(f'Poisson approximation under add/remove, not a proven bound: '
+                    f'{_fmt(epsilons)}')
+  if seeded and without_amplification is not None:
+    result['epsilon_if_seed_secret'] = dict(headline)
+    labelled.insert(0, f'{_fmt(headline)} if the sampling seed stays secret (amplified by '
+                       'sampling)')
+    headline = dict(without_amplification)
+  against = (' against anyone who holds the sampling seed (no amplification by sampling)'
+             if seeded and without_amplification is not None else '')
+  guarantee = (f'user-level (epsilon, delta)-DP with epsilon = {_fmt(headline)} at delta = '
+               f'{delta:g}{against}: {_RELATION_TEXT[relation]}')
+  if labelled:
+    guarantee += '; ' + '; '.join(labelled)
+  result.update({
+      'differential_privacy': True,
+      'guarantee': guarantee,
+      'unit': 'user (client): all of one client\'s examples in every round',
+      'neighboring_relation': relation,
+      'delta': delta,
+      'epsilon': headline,
+      'epsilon_columns': (f'the epsilon_* columns of metrics.csv are the accountant\'s '
+                          f'per-round epsilon under {neighboring_relation}'
+                          + (' (the Poisson approximation)' if fixed_size_proven is not None
+                             else '')
+                          + (' with amplification by sampling' if seeded else '')),
+      'rounds': rounds_completed,
+      'mechanism': (f'DP-FTRL ({dp}: tree-aggregation noise), as recorded in ledger.jsonl'
+                    if sampling_event.kind == 'shuffled' else
+                    f'DP-FedAvg ({dp} clipping, Gaussian noise), as recorded in ledger.jsonl'),
+      'sampling': _sampling(sampling_event),
+      'evaluation': _EVAL_TEXT[eval_data],
+      'covers': release.outputs_of_class(release.COVERED, facts, files),
+      'secrets': release.outputs_of_class(release.SECRET, facts, files),
+      'private_release': facts.private_release,
+      'non_private_diagnostics': _diagnostics(facts, released_columns, files),
+      'note': ('publish the release/ folder as it is; keep everything under secret/ (and '
+               'config.json if it holds a sampling seed) to yourself'
+               if facts.private_release else
+               'non-private diagnostics depend on client data without noise: publish only '
+               'what `covers` lists, or run with private_release to get a release/ folder '
+               'to publish as it is'),
+  })
+  if side_information:
+    result['side_information'] = side_information
+  return result
+
+
+def _sampling(event) -> dict[str, Any]:
+  sampling = {'kind': event.kind, 'population': event.population_size,
+              'secret': not event.seeded}
+  if event.kind == 'poisson':
+    sampling['probability'] = event.probability
     sampling['accounted_as'] = 'Poisson subsampling with this probability (exact)'
-  elif sampling_event.kind == 'shuffled':
-    sampling['sample_size'] = sampling_event.sample_size
+  elif event.kind == 'shuffled':
+    sampling['sample_size'] = event.sample_size
     sampling['accounted_as'] = (
         'each epoch a secret permutation of the population, taken in consecutive blocks: '
         'every client at most once per epoch and per noise tree, no amplification by sampling '
         '(tree aggregation, one SingleEpochTreeAggregationDpEvent per epoch)')
   else:
-    sampling['sample_size'] = sampling_event.sample_size
+    sampling['sample_size'] = event.sample_size
     sampling['accounted_as'] = (
-        'Poisson subsampling with q = sample_size / population under add/remove (the usual '
-        'DP-FedAvg approximation, not a proven bound for sampling without replacement)')
-  if not sampling_secret:
+        'proven: sampling without replacement under replace-one (RDP); the epsilon_* columns '
+        'use Poisson subsampling with q = sample_size / population under add/remove (the '
+        'usual DP-FedAvg approximation, not a proven bound)')
+  if event.seeded:
     sampling['note'] = ('a sampling seed was given: whoever holds it knows every round\'s '
                         'sample, and the amplification by sampling does not hold against them')
-  return {
-      'differential_privacy': True,
-      'guarantee': (f'user-level (epsilon, delta)-DP with epsilon = {_fmt(epsilons)} at delta = '
-                    f'{delta:g}: {_RELATION_TEXT[neighboring_relation]}'),
-      'unit': 'user (client): all of one client\'s examples in every round',
-      'neighboring_relation': neighboring_relation,
-      'delta': delta,
-      'epsilon': dict(epsilons),
-      'rounds': rounds_completed,
-      'mechanism': (f'DP-FTRL ({dp}: tree-aggregation noise), as recorded in ledger.jsonl'
-                    if sampling_event.kind == 'shuffled' else
-                    f'DP-FedAvg ({dp} clipping, Gaussian noise), as recorded in ledger.jsonl'),
-      'sampling': sampling,
-      'covers': [
-          'the model after every round (checkpoints/) and anything computed from it alone: '
-          'eval_* metrics on held-out test data, EMA / past-k models, uncertainty.json',
-          'the clip norms, clip scales and noised unclipped-fraction estimates of adaptive '
-          'clipping (aggregator/* columns of those names)',
-          'ledger.jsonl and epsilon_* (functions of the executed mechanism only)',
-          'canary_epsilon_* (empirical estimates from the released models and the secret '
-          'canary directions, which are independent of the data)'],
-      'private_release': private_release,
-      'non_private_diagnostics': (
-          [] if private_release else
-          diagnostics + ['console lines naming rejected clients',
-                         'tensorboard/ scalars of the columns above']),
-      'note': ('non-private diagnostics depend on client data without noise; publish a run '
-               'as it is only if it ran with private_release' if not private_release else
-               'no non-private diagnostic was written or printed'),
-  }
+  return sampling
+
+
+def _diagnostics(facts: release.RunFacts, released_columns: Iterable[str],
+                 run_files: Optional[list]) -> list[str]:
+  columns = sorted(c for c in set(released_columns)
+                   if release.classify_column(c, facts) != release.COVERED)
+  files = release.outputs_of_class(release.DIAGNOSTIC, facts, run_files)
+  if facts.private_release:
+    return files   # No diagnostic column was written, nothing printed.
+  return columns + files + ['console lines naming rejected clients, and round timings']
 
 
 def empirical_estimate(num_canaries: int, num_unseen: int,
                        estimates: Mapping[str, Any]) -> dict[str, Any]:
   """The statement's `empirical_estimate` entry: the canaries' estimates (name ->
-  `canaries.CanaryEstimate`) beside the proven epsilon, and what they are."""
+  (`canaries.CanaryEstimate`, `canaries.EstimateInterval` or None)) beside the proven
+  epsilon, and what they are."""
+  intervals = [i for _, i in estimates.values() if i is not None]
   return {
       'canaries': num_canaries,
       'unseen_canaries': num_unseen,
       'method': 'one-shot empirical privacy estimation (Andrew et al., ICLR 2024): canary '
                 'clients with secret random directions, Gaussian fits of their cosines with '
                 'the model change (final model) or the per-round changes (all iterates)',
-      'note': 'a point estimate of what an adversary in each threat model achieves at the '
-              'run\'s delta, not an upper bound: the proven bound is `epsilon`',
+      'note': 'an estimate of what an adversary in each threat model achieves at the run\'s '
+              'delta, with a bootstrap interval over the canaries; not an upper bound: the '
+              'proven bound is `epsilon`',
+      'confidence': intervals[0].confidence if intervals else None,
       'estimates': {name: {'epsilon': e.epsilon, 'mu': e.mu, 'sigma': e.sigma,
-                           'null_mu': e.null_mu, 'null_sigma': e.null_sigma}
-                    for name, e in estimates.items()},
+                           'null_mu': e.null_mu, 'null_sigma': e.null_sigma,
+                           'interval': None if i is None else [i.low, i.high],
+                           'too_few_canaries': None if i is None else i.too_few_canaries}
+                    for name, (e, i) in estimates.items()},
   }
 
 
@@ -163,17 +202,30 @@ def format_statement(s: Mapping[str, Any]) -> str:
            f'  sampling: {sampling["kind"]}, {rate} of {sampling["population"]} clients, '
            + ('secret (OS randomness)' if sampling['secret'] else
               'NOT secret (sampling seed given)'),
-           '  covers: the model and checkpoints, eval metrics, clip trajectory, ledger and '
-           'epsilon']
+           f'  evaluation: {s["evaluation"]}',
+           '  covers: ' + ', '.join(c.split(':')[0] for c in s['covers']),
+           '  secret (keep it): ' + (', '.join(c.split(':')[0] for c in s['secrets'])
+                                     or 'nothing')]
   estimate = s.get('empirical_estimate')
   if estimate:
-    found = ', '.join(f'{name.replace("_", " ")} {value["epsilon"]:.4g}'
-                      for name, value in estimate['estimates'].items())
     lines.append(f'  empirical epsilon at delta = {s["delta"]:g} from {estimate["canaries"]} '
-                 f'canaries (an estimate, not a bound): {found or "n/a"}')
+                 f'canaries (an estimate, not a bound): {_format_estimates(estimate)}')
   if s['private_release']:
-    lines.append('  private release: no non-private diagnostic was written or printed')
+    lines.append('  private release: no non-private diagnostic was printed; publish release/')
   else:
     lines.append('  not covered (non-private diagnostics): '
-                 + ', '.join(s['non_private_diagnostics']))
+                 + ', '.join(c.split(':')[0] for c in s['non_private_diagnostics']))
   return '\n'.join(lines)
+
+
+def _format_estimates(estimate: Mapping[str, Any]) -> str:
+  found = []
+  for name, value in estimate['estimates'].items():
+    text = f'{name.replace("_", " ")} {value["epsilon"]:.4g}'
+    if value.get('interval') is not None:
+      low, high = value['interval']
+      text += f' ({estimate["confidence"]:.0%} interval {low:.3g}-{high:.3g})'
+    if value.get('too_few_canaries'):
+      text += f' [too few canaries: {value["too_few_canaries"]}]'
+    found.append(text)
+  return ', '.join(found) or 'n/a'

@@ -76,7 +76,9 @@ def reconcile_ledger(ledger: ledger_lib.PrivacyLedger, run_dir, checkpoint_round
         f'{UNRELEASED_LEDGER}; those rounds are re-executed')
     records = ledger_lib.read_ledger(ledger.path)
   if any(r.round_num > checkpoint_round for r in records):
-    log('ledger: rounds after the checkpoint released metrics before the crash; they stay '
-        'counted and their re-execution is counted again (conservative)')
+    log('ledger: rounds after the checkpoint released metrics before the run ended without '
+        'checkpointing them (a crash or a kill); they stay counted and their re-execution is '
+        'counted again (conservative; with a sampling seed, as the same sample released '
+        'twice)')
   return ledger, records
 

@@ -1,12 +1,15 @@
 """The run directory: config, metrics CSV, TensorBoard, checkpoints; never clobbers a prior run.
 
-Layout of RUN_DIR = root_output_dir/experiment_name:
+Layout of RUN_DIR = root_output_dir/experiment_name (what each output is, privacy-wise, is
+declared in `tff_dp.training.release`):
   config.json        the flags/config of the run (each resume appends to config_history.jsonl)
   metrics.csv        one row per round (columns grow as eval/aggregate metrics appear)
   ledger.jsonl       the privacy ledger (tff_dp.ledger)
   checkpoints/       tff.program.FileProgramStateManager program states
-  tensorboard/       tf.summary scalars
+  secret/            (mode 0700) keys, and the checkpoints of correlated-noise mechanisms
+  tensorboard/       tf.summary scalars (not written with private_release: wall-clock times)
   plots/             PNGs written by the run
+  release/           private_release: the publishable set
 """
 
 import asyncio
@@ -29,8 +32,10 @@ from tensorflow_federated.python.common_libs import serializable
 from tff_dp import atomic_write
 from tff_dp import errors
 from tff_dp.errors import UserInputError
+from tff_dp.training import release
 
 _KEEP_CHECKPOINTS = 3
+SECRET_DIR = release.SECRET_DIR
 
 
 class MetricsCsv:
@@ -261,27 +266,48 @@ class RunDirectory:
 
   def close(self) -> None:
     """Releases the lock and flushes TensorBoard (the process may start or resume runs again)."""
-    if self._created:
+    if self._created and self._summary_writer is not None:
       self._summary_writer.close()
     if self._lock_file is not None:
       self._lock_file.close()   # Closing the descriptor releases the flock.
       self._lock_file = None
 
-  def create(self) -> None:
-    """Creates the directory tree; called only after all inputs were validated."""
+  def create(self, *, secret_checkpoints: bool = False, tensorboard: bool = True) -> None:
+    """Creates the directory tree; called only after all inputs were validated.
+
+    `secret_checkpoints`: checkpoints hold the mechanism's noise state and go under secret/
+    (a run directory written before secret/ existed keeps its checkpoints/ on resume).
+    `tensorboard`: write TensorBoard events (their wall-clock times are timings).
+    """
+    checkpoints = 'checkpoints'
+    if secret_checkpoints and not self._has_checkpoints('checkpoints'):
+      checkpoints = os.path.join(SECRET_DIR, 'checkpoints')
     try:
       os.makedirs(self.path, exist_ok=True)
       if self._lock_file is None:
         self._lock()
-      for sub in ('checkpoints', 'tensorboard', 'plots'):
+      os.makedirs(self.file(SECRET_DIR), mode=0o700, exist_ok=True)
+      os.chmod(self.file(SECRET_DIR), 0o700)
+      for sub in (checkpoints, 'plots') + (('tensorboard',) if tensorboard else ()):
         os.makedirs(os.path.join(self.path, sub), exist_ok=True)
     except OSError as e:
       raise UserInputError(f'cannot create run directory {self.path}: {e.strerror or e}') from e
     self.metrics = MetricsCsv(self.file('metrics.csv'))
     self.state_manager = ReusingFileProgramStateManager(
-        self.file('checkpoints'), prefix='round_', keep_total=_KEEP_CHECKPOINTS, keep_first=False)
-    self._summary_writer = tf.summary.create_file_writer(self.file('tensorboard'))
+        self.file(checkpoints), prefix='round_', keep_total=_KEEP_CHECKPOINTS, keep_first=False)
+    self._summary_writer = (tf.summary.create_file_writer(self.file('tensorboard'))
+                            if tensorboard else None)
     self._created = True
+
+  def _has_checkpoints(self, sub: str) -> bool:
+    folder = self.file(sub)
+    return os.path.isdir(folder) and any(n.startswith('round_') for n in os.listdir(folder))
+
+  def secret_file(self, name: str) -> str:
+    """RUN_DIR/secret/`name`; for a run directory written before secret/ existed, its old
+    `name`.secret beside the checkpoints when that exists (a resume reads the key there)."""
+    legacy = self.file(f'{name}.secret')
+    return legacy if os.path.exists(legacy) else os.path.join(self.path, SECRET_DIR, name)
 
   def file(self, name: str) -> str:
     return os.path.join(self.path, name)
@@ -313,6 +339,8 @@ class RunDirectory:
       raise UserInputError(f'cannot read {self.file("config.json")}: {e}') from e
 
   def write_summaries(self, round_num: int, scalars: Mapping[str, float]) -> None:
+    if self._summary_writer is None:
+      return
     with self._summary_writer.as_default():
       for name, value in scalars.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool):

@@ -1,0 +1,120 @@
+"""Stops that keep their rounds, seeded re-execution and delta (issue 24): a resume never
+re-executes a released round after an orderly stop, and a round re-executed after a crash is
+accounted as what it is.
+
+Oracles: dp_accounting composed in the test from the run's hyperparameters.
+"""
+
+import os
+import signal
+
+import dp_accounting
+import pytest
+
+from tff_dp import errors
+from tff_dp import ledger as ledger_lib
+from tff_dp.training import config as config_lib
+from tff_dp.training import experiment
+from tff_dp.training import stop_signal
+from run_helpers import metrics_rows
+
+POPULATION = 20   # conftest's tag_task.
+Q, Z, DELTA = 0.1, 1.0, 1e-3
+
+
+@pytest.fixture(scope='module')
+def task(tag_task):
+  return tag_task   # conftest: 20 generated training clients.
+
+
+def _run(task, root, name, log=None, stop=None, **overrides):
+  settings = dict(root_output_dir=str(root), experiment_name=name, task='stackoverflow_tag',
+                  total_rounds=6, clients_per_round=int(Q * POPULATION), dp='fixed', clip=1.0,
+                  noise_multiplier=Z, max_eval_examples=20, accounting=('rdp',), seed=3,
+                  delta=DELTA, client_batch_size=8, rounds_per_checkpoint=10,
+                  sampling_seed=5, rounds_per_eval=100)
+  settings.update(overrides)
+  cfg = config_lib.ExperimentConfig.from_settings(settings)
+  return experiment.run(cfg, task, log=log or (lambda line: None), stop=stop)
+
+
+def _epsilon(*zs):
+  """RDP epsilon of Poisson(Q) rounds with these noise multipliers (one round each)."""
+  acc = dp_accounting.rdp.RdpAccountant()
+  for z in zs:
+    acc.compose(dp_accounting.PoissonSampledDpEvent(Q, dp_accounting.GaussianDpEvent(z)))
+  return acc.get_epsilon(DELTA)
+
+
+def _ledger_rounds(run_dir):
+  return [r.round_num for r in ledger_lib.read_ledger(os.path.join(run_dir, 'ledger.jsonl'))]
+
+
+def test_max_epsilon_stop_keeps_its_rounds_so_raising_the_cap_reexecutes_nothing(task, tmp_path):
+  cap = (_epsilon(*[Z] * 3) + _epsilon(*[Z] * 4)) / 2   # Stops before round 4.
+  lines = []
+  summary = _run(task, tmp_path, 'cap', log=lines.append, max_epsilon=cap)
+  assert summary.rounds_completed == 3 and summary.stopped_by_max_epsilon
+  assert os.path.isdir(tmp_path / 'cap' / 'checkpoints' / 'round_3')   # Not a 10th round.
+  stop_line = next(l for l in lines if l.startswith('stopping before round 4'))
+  assert 'rounds 1-3 are kept' in stop_line and 'crash' not in stop_line
+  summary = _run(task, tmp_path, 'cap', max_epsilon=100.0, resume=True)
+  assert summary.rounds_completed == 6
+  assert _ledger_rounds(summary.run_dir) == [1, 2, 3, 4, 5, 6]   # Nothing re-executed.
+  assert float(metrics_rows(summary.run_dir)[-1]['epsilon_rdp']) == pytest.approx(
+      _epsilon(*[Z] * 6), rel=1e-6)
+
+
+def test_second_signal_keeps_the_completed_rounds(task, tmp_path):
+  stop = stop_signal.StopSignal(lambda line: None)
+
+  def log(line):   # A second Ctrl-C arriving as round 3's outputs are released.
+    if line.startswith('round    3/'):
+      stop.received = signal.SIGINT
+      raise KeyboardInterrupt
+
+  with pytest.raises(errors.RunInterrupted, match='rounds 1-3 are kept') as raised:
+    _run(task, tmp_path, 'twice', log=log, stop=stop)
+  assert raised.value.signum == signal.SIGINT
+  assert os.path.isdir(tmp_path / 'twice' / 'checkpoints' / 'round_3')
+  summary = _run(task, tmp_path, 'twice', resume=True)
+  assert _ledger_rounds(summary.run_dir) == [1, 2, 3, 4, 5, 6]
+  assert summary.privacy['epsilon_if_seed_secret']['rdp'] == pytest.approx(
+      _epsilon(*[Z] * 6), rel=1e-6)
+
+
+def test_seeded_round_reexecuted_after_a_crash_is_one_sample_released_twice(task, tmp_path):
+  class Crash(Exception):
+    pass
+
+  def log(line):   # The process dies after releasing round 3, before any checkpoint.
+    if line.startswith('round    3/'):
+      raise Crash
+
+  with pytest.raises(Crash):
+    _run(task, tmp_path, 'crash', log=log)
+  summary = _run(task, tmp_path, 'crash', resume=True)
+  assert _ledger_rounds(summary.run_dir) == [1, 2, 3, 1, 2, 3, 4, 5, 6]
+  # Rounds 1-3 drew the same clients twice: each is one sampled Gaussian at Z / sqrt(2).
+  expected = _epsilon(*[Z * 2 ** -0.5] * 3, *[Z] * 3)
+  assert float(metrics_rows(summary.run_dir)[-1]['epsilon_rdp']) == pytest.approx(
+      expected, rel=1e-6)
+  assert expected > _epsilon(*[Z] * 9) * 1.05   # What the ledger claimed before.
+
+
+def test_seeded_run_headline_holds_against_the_seed_holder(task, tmp_path):
+  summary = _run(task, tmp_path, 'seeded', total_rounds=3)
+  privacy = summary.privacy
+  # Whoever holds the seed knows every sample: three Gaussian releases at Z, no amplification.
+  acc = dp_accounting.rdp.RdpAccountant()
+  acc.compose(dp_accounting.GaussianDpEvent(Z / 3 ** 0.5))
+  assert privacy['epsilon']['rdp'] == pytest.approx(acc.get_epsilon(DELTA), rel=1e-9)
+  assert privacy['epsilon_if_seed_secret']['rdp'] == pytest.approx(_epsilon(Z, Z, Z), rel=1e-6)
+  assert 'sampling seed' in privacy['guarantee']
+
+
+def test_delta_at_or_above_one_over_population_is_refused_before_anything_is_written(
+    task, tmp_path):
+  with pytest.raises(errors.UserInputError, match='1/population'):
+    _run(task, tmp_path, 'delta', delta=0.05)
+  assert os.listdir(tmp_path) == []
