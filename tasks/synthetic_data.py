@@ -315,6 +315,14 @@ def ensure_default_cache(cache_dir: str, task_name: str) -> str:
   db = emnist_task.DB_NAME if family == 'emnist' else so_task.DB_NAME
   if os.path.exists(marker) and os.path.exists(os.path.join(cache_dir, db)):
     return cache_dir
+  try:
+    return _build_default_cache(cache_dir, family, marker, db)
+  except OSError as e:
+    raise UserInputError(f'`embedded_data_dir` {cache_dir}: cannot write the embedded dataset '
+                         f'there ({e.strerror or e}); point it at a writable directory') from e
+
+
+def _build_default_cache(cache_dir: str, family: str, marker: str, db: str) -> str:
   with _exclusive(cache_dir):
     if os.path.exists(marker) and os.path.exists(os.path.join(cache_dir, db)):
       return cache_dir   # Another process built it while this one waited.

@@ -322,7 +322,7 @@ def test_calibration_round_trip():
 
 
 @pytest.mark.parametrize('kwargs, message', [
-    (dict(target_epsilon=1.0, clipped_count_stddev=0.05), 'clipped_count_stddev above'),
+    (dict(target_epsilon=1.0, clipped_count_stddev=0.05), '`clipped_count_stddev` above'),
     (dict(target_epsilon=1e-3), 'unreachable'),
     (dict(target_epsilon=-1.0), 'positive'),
     (dict(target_epsilon=1.0, delta=0.0), 'delta'),

@@ -434,8 +434,11 @@ def test_build_dp_aggregator_rejects_bad_combinations():
   kw = dict(noise_multiplier=1.0, clients_per_round=10.0, clip=1.0)
   with pytest.raises(UserInputError, match='unknown DP aggregation'):
     aggregators.build_dp_aggregator('bogus', **kw)
-  with pytest.raises(UserInputError, match='clipped_count_stddev above 0.5'):
-    aggregators.build_dp_aggregator('adaptive', **kw)  # sigma_b = 0.5 = z / 2.
+  with pytest.raises(UserInputError, match='clipped_count_stddev` above 0.5'):
+    aggregators.build_dp_aggregator('adaptive', clipped_count_stddev=0.5, **kw)  # = z / 2.
+  # The default sigma_b is m / 20 = 0.5 raised to z = 1 (issue 25): z_v = z * 2 / sqrt(3).
+  assert aggregators.build_dp_aggregator('adaptive', **kw).update_noise_multiplier == (
+      pytest.approx(2 / 3 ** 0.5))
   with pytest.raises(UserInputError, match='does not take groups'):
     aggregators.build_dp_aggregator('fixed', groups=[[0]], **kw)
   with pytest.raises(UserInputError, match='update rule'):
@@ -445,7 +448,7 @@ def test_build_dp_aggregator_rejects_bad_combinations():
     aggregators.build_dp_aggregator('per_layer_adaptive', noise_allocation='x', **kw)
   with pytest.raises(UserInputError, match='target_unclipped_quantile'):
     aggregators.build_dp_aggregator('joint', target_unclipped_quantile=1.5, **kw)
-  with pytest.raises(UserInputError, match='clipped_count_stddev above'):
+  with pytest.raises(UserInputError, match='clipped_count_stddev` above'):
     aggregators.build_dp_aggregator('per_layer_adaptive', clipped_count_stddev=0.6,
                                     groups=[[0], [1]], **kw)
 

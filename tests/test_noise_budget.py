@@ -32,7 +32,7 @@ def test_impossible_split_says_what_to_change(z, sigma_b, k):
   with pytest.raises(UserInputError) as e:
     noise_budget.update_noise_multiplier(z, sigma_b, k)
   msg = str(e.value)
-  assert 'clipped_count_stddev above' in msg and 'lower noise_multiplier' in msg
+  assert '`clipped_count_stddev` above' in msg and 'lower `noise_multiplier`' in msg
   assert '--' not in msg   # A library error names parameters, not command-line flags.
   assert f'{z * math.sqrt(k) / 2:g}' in msg
 
@@ -94,7 +94,7 @@ def test_the_accountant_and_calibration_use_the_aggregators_formulas():
   assert calibration.update_noise_multiplier(0.0, 1.0) == 0.0
   assert calibration.update_noise_multiplier(1.0, 1.0) == pytest.approx((1 - 0.25)**-0.5)
   assert calibration.update_noise_multiplier(1.0, None) == 1.0
-  with pytest.raises(UserInputError, match='clipped_count_stddev above 0.5'):
+  with pytest.raises(UserInputError, match='clipped_count_stddev` above 0.5'):
     calibration.update_noise_multiplier(1.0, 0.5)
   with pytest.raises(UserInputError, match='clipped_count_stddev'):
     calibration.update_noise_multiplier(1.0, float('nan'))

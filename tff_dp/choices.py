@@ -23,6 +23,9 @@ DP_KINDS = {
     'ftrl_adaptive': 'DP-FTRL with a quantile-adapted clip, adopted at tree restarts (needs '
                      '`client_sampling=shuffled`)',
 }
+# The DP kinds that adapt a clip with noised clipped-count queries (whose noise is part of the
+# round's budget, `tff_dp.noise_budget.update_noise_multiplier`).
+ADAPTIVE_DP_KINDS = ('adaptive', 'per_layer_adaptive', 'joint', 'ftrl_adaptive')
 # The DP kinds whose noise is tree aggregation (DP-FTRL): accounted per epoch of shuffled
 # participation under replace-special neighbouring (tff_dp.accounting).
 TREE_DP_KINDS = ('ftrl', 'ftrl_adaptive')

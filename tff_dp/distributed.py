@@ -36,6 +36,7 @@ from tensorflow_federated.python.core.environments.tensorflow_frontend import te
 from tensorflow_federated.python.common_libs import async_utils
 
 from tff_dp import executor_cache
+from tff_dp.worker_addresses import parse_workers  # noqa: F401  (re-exported)
 from tff_dp.errors import UserInputError
 
 # TFF's own channel options for its local worker (executor_factory.py), plus a short reconnect
@@ -52,20 +53,6 @@ _CHANNEL_OPTIONS = [
 
 class WorkerUnavailableError(RuntimeError):
   """A worker stayed unreachable for longer than the allowed time (not retried by TFF)."""
-
-
-def parse_workers(spec: str) -> list[str]:
-  """'hostA:8000,hostB:8000' -> ['hostA:8000', 'hostB:8000'] (UserInputError if malformed)."""
-  addresses = [a.strip() for a in spec.split(',') if a.strip()]
-  if not addresses:
-    raise UserInputError('`workers` needs at least one host:port')
-  for a in addresses:
-    host, sep, port = a.rpartition(':')
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-      raise UserInputError(f'`workers`: expected host:port, got {a!r}')
-  if len(set(addresses)) != len(addresses):
-    raise UserInputError(f'`workers` lists a worker twice: {spec!r}')
-  return addresses
 
 
 class _CallDetails(

@@ -391,6 +391,15 @@ def read_ledger(path: str) -> List[RoundRecord]:
   return records
 
 
+def check_resumable(path: str) -> None:
+  """Raises LedgerError if the ledger at `path` (if any) is damaged beyond a partial last
+  line, the one damage a resume repairs (`repair_truncated_tail`): checked before a resume
+  writes anything, so that a refused resume changes nothing."""
+  if os.path.exists(path):
+    lines, _ = _split_complete_lines(_read_bytes(path))
+    _decode_ledger(lines, path)
+
+
 def read_moved_records(path: str) -> List[RoundRecord]:
   """Reads the records `move_records` set aside in `path` (e.g. ledger.unreleased.jsonl).
 

@@ -27,18 +27,27 @@ from tff_dp.errors import UserInputError
 NOISE_ALLOCATIONS = tuple(choices.NOISE_ALLOCATIONS)
 
 
-def default_clipped_count_stddev(clients_per_round: float) -> float:
-  """sigma_b = m / 20, the recommendation of Andrew et al. (and TFF's default)."""
-  return clients_per_round / 20.0
+def default_clipped_count_stddev(clients_per_round: float,
+                                 noise_multiplier: float = 0.0) -> float:
+  """sigma_b = m / 20, the recommendation of Andrew et al. (and TFF's default), raised to z
+  when m / 20 is below it.
+
+  Why the floor: the count query spends part of the round's budget, and with
+  sigma_b <= z / 2 it spends all of it (`update_noise_multiplier`): at small cohorts (z = 0.7
+  and 5 clients per round) m / 20 made every adaptive run impossible. At sigma_b = z the update
+  query's multiplier is z * 2 / sqrt(3) (15% more noise), and m / 20 >= z keeps the paper's value.
+  """
+  return max(clients_per_round / 20.0, float(noise_multiplier))
 
 
 def resolve_clipped_count_stddev(clipped_count_stddev: Optional[float],
-                                 clients_per_round: float) -> float:
-  """sigma_b as given (checked >= 0), or the default m / 20 when None."""
+                                 clients_per_round: float,
+                                 noise_multiplier: float = 0.0) -> float:
+  """sigma_b as given (checked >= 0), or `default_clipped_count_stddev` when None."""
   if clipped_count_stddev is None:
-    return default_clipped_count_stddev(clients_per_round)
+    return default_clipped_count_stddev(clients_per_round, noise_multiplier)
   if not clipped_count_stddev >= 0 or not math.isfinite(clipped_count_stddev):
-    raise UserInputError(f'clipped_count_stddev must be a finite number >= 0, got '
+    raise UserInputError(f'`clipped_count_stddev` must be a finite number >= 0, got '
                          f'{clipped_count_stddev}')
   return float(clipped_count_stddev)
 
@@ -59,10 +68,10 @@ def update_noise_multiplier(noise_multiplier: float, clipped_count_stddev: float
     what = ('the clipped-count query alone' if k == 1 else
             f'the {k} clipped-count queries (one per adaptive clip) alone')
     raise UserInputError(
-        f'noise_multiplier={noise_multiplier:g} is not achievable with clipped_count_stddev='
-        f'{clipped_count_stddev:g}: {what} already spend(s) the whole budget. Raise '
-        f'clipped_count_stddev above {needed:g} (e.g. {2 * needed:g}), lower '
-        'noise_multiplier, or use fixed clipping.')
+        f'`noise_multiplier={noise_multiplier:g}` is not achievable with '
+        f'`clipped_count_stddev={clipped_count_stddev:g}`: {what} already spend(s) the whole '
+        f'budget. Raise `clipped_count_stddev` above {needed:g} (e.g. {2 * needed:g}), lower '
+        '`noise_multiplier`, or use fixed clipping (`dp=fixed`).')
   return (noise_multiplier**-2 - k * (2 * clipped_count_stddev)**-2)**-0.5
 
 

@@ -3,6 +3,9 @@ r"""CLI: epsilon curve of a ledger, or noise calibration.
   python -m tff_dp.accounting --ledger RUN_DIR/ledger.jsonl --delta 1e-6 [--method both]
       prints CSV `round,epsilon_rdp,epsilon_pld` (one row per ledger record; PLD on every
       --pld_every-th row and the last, empty elsewhere).
+  python -m tff_dp.accounting --repair RUN_DIR/ledger.jsonl
+      moves a partial last line (a crash mid-write) to ledger.jsonl.corrupt-TIME, so the
+      ledger can be replayed; `--resume` does the same by itself.
   python -m tff_dp.accounting --target_epsilon 5 --rounds 1500 --clients_per_round 100 \
       --population 342477 [--clipped_count_stddev 5] --delta 1e-6
       prints the effective noise multiplier z and the update-query multiplier.
@@ -16,6 +19,7 @@ directory, or not a valid ledger (a truncated or edited line, or a deleted, dupl
 reordered line: tff_dp.ledger.read_ledger names the line).
 """
 
+import os
 import sys
 
 from absl import flags
@@ -42,8 +46,14 @@ flags.DEFINE_enum('mechanism', 'gaussian', ['gaussian', 'tree'],
                   'tree (DP-FTRL: tree-aggregation noise over epochs of shuffled '
                   'participation, N // m rounds each).', flag_values=FLAGS)
 flags.DEFINE_integer('pld_every', None, 'Curve mode: compute PLD every this many records '
-                     '(default: about 20 points). Each PLD evaluation costs ~0.1-1 s.',
-                     flag_values=FLAGS)
+                     '(default: about 20 points). Each PLD evaluation costs ~0.2-2 s at the '
+                     'default --pld_discretization, ~10x more at 1e-4.', flag_values=FLAGS)
+flags.DEFINE_float('pld_discretization', 1e-3, 'Curve mode: PLD value discretization interval '
+                   '(what runs use; dp_accounting discretizes pessimistically, so any grid '
+                   'gives an upper bound; 1e-4 agreed to 8 digits here and is ~10x slower).',
+                   flag_values=FLAGS)
+flags.DEFINE_string('repair', None, 'Path of a ledger whose partial last line to move aside.',
+                    flag_values=FLAGS)
 flags.DEFINE_float('target_epsilon', None, 'Calibration mode: target epsilon.',
                    flag_values=FLAGS)
 flags.DEFINE_integer('rounds', None, 'Calibration mode: planned number of rounds.',
@@ -60,6 +70,14 @@ flags.DEFINE_enum('sampling', 'poisson', list(ledger.SAMPLING_KINDS),
                   'Calibration mode: client sampling scheme.', flag_values=FLAGS)
 
 
+def _existing(path: str) -> str:
+  path = cli_flags.path(path)
+  ledger.check_resumable(path)   # A damaged ledger is refused, never truncated.
+  if not os.path.isfile(path):
+    raise errors.UserInputError(f'--repair {path}: no such ledger file.')
+  return path
+
+
 def _fmt(x):
   return '' if x is None else repr(float(x))
 
@@ -68,15 +86,18 @@ def _curve() -> None:
   from tff_dp.accounting import accountant  # pylint: disable=g-import-not-at-top
   methods = tuple(choices.ACCOUNTANTS) if FLAGS.method == 'both' else (FLAGS.method,)
   records = ledger.read_ledger(cli_flags.path(FLAGS.ledger))
+  if not records:
+    raise errors.UserInputError(f'--ledger {FLAGS.ledger} holds no round: nothing to account.')
 
   def progress(done: int, total: int) -> None:   # On stderr: stdout is the CSV.
     print(f'\raccounted {done}/{total} rounds', end='' if done < total else '\n',
           file=sys.stderr, flush=True)
 
   relation = FLAGS.neighboring or accountant.default_relation(records)
-  curve = accountant.epsilon_curve(records, FLAGS.delta, methods, relation,
-                                   pld_every=FLAGS.pld_every,
-                                   progress=progress if sys.stderr.isatty() else None)
+  curve = accountant.epsilon_curve(
+      records, FLAGS.delta, methods, relation, pld_every=FLAGS.pld_every,
+      progress=progress if sys.stderr.isatty() else None,
+      pld_value_discretization_interval=FLAGS.pld_discretization)
   out = ['round,epsilon_rdp,epsilon_pld']
   out += [f'{p["round"]},{_fmt(p["epsilon_rdp"])},{_fmt(p["epsilon_pld"])}' for p in curve]
   print('\n'.join(out))
@@ -87,6 +108,10 @@ def _calibrate() -> None:
   for name in ('rounds', 'clients_per_round', 'population'):
     if FLAGS[name].value is None:
       raise errors.UserInputError(f'--target_epsilon needs --{name}.')
+  if FLAGS.mechanism == 'tree' and FLAGS['sampling'].present:
+    raise errors.UserInputError('--mechanism=tree is calibrated for shuffled participation '
+                                'only (the tree has no amplification by sampling); drop '
+                                '--sampling.')
   result = calibration.calibrate_noise_multiplier(
       FLAGS.target_epsilon, FLAGS.delta, FLAGS.rounds,
       population_size=FLAGS.population, clients_per_round=FLAGS.clients_per_round,
@@ -103,6 +128,11 @@ def _calibrate() -> None:
 def main(argv) -> int:
   try:
     if cli_flags.parse(FLAGS, argv, __doc__) == 0:
+      return 0
+    if FLAGS.repair is not None:
+      moved = ledger.repair_truncated_tail(_existing(FLAGS.repair))
+      print(f'moved the partial last line to {moved}' if moved else
+            f'{FLAGS.repair} ends with a complete line: nothing to repair')
       return 0
     if FLAGS.delta is None:
       raise errors.UserInputError('--delta is required.')

@@ -34,10 +34,11 @@ def check_adaptive_args(*, noise_multiplier, clients_per_round, initial_clip,
 
 
 def resolve_count_stddev(noise_multiplier, clipped_count_stddev, clients_per_round):
-  """sigma_b: given, else m/20 with noise, else 0 (no noise anywhere, as TFF)."""
+  """sigma_b: given, else max(m/20, z) with noise, else 0 (no noise anywhere, as TFF)."""
   if noise_multiplier == 0 and clipped_count_stddev is None:
     return 0.0
-  return noise_budget.resolve_clipped_count_stddev(clipped_count_stddev, clients_per_round)
+  return noise_budget.resolve_clipped_count_stddev(clipped_count_stddev, clients_per_round,
+                                                   noise_multiplier)
 
 
 def unclipped_fraction(clip_used, next_clip, gamma, eta, geometric):

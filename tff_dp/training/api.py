@@ -10,6 +10,7 @@ from typing import Optional
 
 import tasks
 from tff_dp import distributed
+from tff_dp import worker_addresses
 from tff_dp import runtime
 from tff_dp.training import components
 from tff_dp.training import experiment
@@ -22,7 +23,7 @@ def configure_execution(cfg: ExperimentConfig) -> None:
   settings = cfg.runtime
   if settings.workers:
     distributed.install_worker_context(
-        distributed.parse_workers(settings.workers),
+        worker_addresses.parse_workers(settings.workers),
         unavailable_timeout=settings.worker_unavailable_timeout,
         rpc_timeout=settings.worker_rpc_timeout)
   else:

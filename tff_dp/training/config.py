@@ -14,6 +14,7 @@ imports no TensorFlow, so a command line is checked before TF is loaded.
 """
 
 import dataclasses
+import json
 import math
 import os
 import time
@@ -22,6 +23,8 @@ from typing import Any, Callable, Mapping, Optional
 
 import tasks
 from tff_dp import choices
+from tff_dp import noise_budget
+from tff_dp import worker_addresses
 from tff_dp.accounting import accountant
 from tff_dp.errors import UserInputError
 
@@ -232,7 +235,8 @@ class DPConfig(Section):
       one_of=choices.CLIP_UPDATE_RULES)
   clipped_count_stddev: Optional[float] = setting(
       None, 'Adaptive clipping: noise stddev sigma_b of the clipped-count sum (default '
-      'clients_per_round / 20, as recommended in Andrew et al.).',
+      'clients_per_round / 20, as recommended in Andrew et al., or `noise_multiplier` when that '
+      'is larger: below noise_multiplier / 2 the count would spend the whole noise budget).',
       check=(lambda v: v >= 0, 'must be >= 0 when set'))
   noise_allocation: str = setting(
       'proportional', 'Per-layer/joint: how the noise budget is split across groups (ledger '
@@ -360,10 +364,11 @@ class RuntimeConfig(Section):
   worker_unavailable_timeout: float = setting(
       60.0, 'With `workers`: seconds a worker may be unreachable before the round fails (TFF '
       'alone would retry forever). The run then stops cleanly; `resume` continues.',
-      resumable=True)
+      check=_POSITIVE, resumable=True)
   worker_rpc_timeout: Optional[float] = setting(
       None, 'With `workers`: deadline in seconds of each call to a worker (bounds a hung '
-      'worker; must exceed the longest client training call). Unset: none.', resumable=True)
+      'worker; must exceed the longest client training call). Unset: none.', check=_POSITIVE,
+      resumable=True)
   max_concurrent_computation_calls: int = setting(
       -1, 'Clients the TFF C++ worker trains concurrently (<= 0: all of a round\'s clients at '
       'once, TFF\'s default and the fastest; a cap bounds memory with many clients per round).',
@@ -396,6 +401,8 @@ class RuntimeConfig(Section):
       'data.', resumable=True)
 
   def _check(self):
+    if self.workers is not None:
+      worker_addresses.parse_workers(self.workers)   # Before TF: the format alone.
     if self.client_slices > 1 and self.workers:
       raise UserInputError('`client_slices` is for the local worker; with `workers` each '
                            'worker already runs its own slice')
@@ -404,20 +411,24 @@ class RuntimeConfig(Section):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OutputConfig(Section):
   """Where the run is written, and how often it evaluates and checkpoints."""
-  root_output_dir: str = setting('runs', 'Root of run directories.', path=True)
+  root_output_dir: str = setting('runs', 'Root of run directories.', path=True,
+                                 resumable=True)
   experiment_name: Optional[str] = setting(
       None, 'Run directory name (default: TASK-DP-TIMESTAMP).',
       check=(lambda v: bool(v) and os.sep not in v and v not in ('.', '..'),
-             'must be a plain non-empty name'))
+             'must be a plain non-empty name'), resumable=True)
   resume: bool = setting(
-      False, 'Continue the run in ROOT_OUTPUT_DIR/EXPERIMENT_NAME from its checkpoint.')
+      False, 'Continue the run in ROOT_OUTPUT_DIR/EXPERIMENT_NAME from its checkpoint, with the '
+      'settings its config.json recorded (flags given with it override those a resume may '
+      'change).')
   rounds_per_eval: int = setting(1, 'Evaluate every N rounds.', check=_at_least(1),
                                  resumable=True)
-  rounds_per_checkpoint: int = setting(
-      10, 'Checkpoint every N rounds. A resume restarts after the last checkpoint; rounds after '
-      'it that had already released metrics are re-executed and counted again in the ledger '
-      '(conservative). 1: exact resume, at ~0.3 s per round for the SavedModel write.',
-      check=_at_least(1), resumable=True)
+  rounds_per_checkpoint: Optional[int] = setting(
+      None, 'Checkpoint every N rounds (unset: 1 for DP-FTRL, whose accounting cannot cover a '
+      're-executed round, else 10). Orderly stops checkpoint the last round anyway; after a '
+      'crash, rounds after the last checkpoint that had released metrics are re-executed and '
+      'counted again in the ledger. 1: exact resume, at ~0.3 s per round for the SavedModel '
+      'write.', check=_at_least(1), resumable=True)
   max_eval_examples: int = setting(
       2000, 'Test examples used per evaluation (0: all).',
       check=(lambda v: v >= 0, 'must be >= 0 (0: all)'), resumable=True)
@@ -528,6 +539,11 @@ class ExperimentConfig:
       raise UserInputError(
           f'`dp={dp}` requires uniform client weighting (`weighting=uniform`): a client '
           'weighted by its example count could exceed the clip-based sensitivity')
+    if dp in choices.ADAPTIVE_DP_KINDS and self.dp.noise_multiplier:
+      noise_budget.update_noise_multiplier(
+          self.dp.noise_multiplier, noise_budget.resolve_clipped_count_stddev(
+              self.dp.clipped_count_stddev, self.sampling.clients_per_round,
+              self.dp.noise_multiplier))
     if self.accounting.max_epsilon is not None and dp == 'none':
       raise UserInputError('`max_epsilon` needs DP (`dp` != none)')
     if dp != 'none':
@@ -539,7 +555,7 @@ class ExperimentConfig:
       if self.runtime.datasets_on_workers:
         raise UserInputError('`num_canaries` does not work with `datasets_on_workers` (a '
                              'canary has no client id the workers could build data for)')
-    if dp in choices.TREE_DP_KINDS and self.output.rounds_per_checkpoint != 1:
+    if dp in choices.TREE_DP_KINDS and self.output.rounds_per_checkpoint not in (None, 1):
       raise UserInputError(
           f'`dp={dp}` needs `rounds_per_checkpoint=1`: a resume must not re-execute a round '
           'whose output was released (the tree accounting does not cover it)')
@@ -569,12 +585,41 @@ class ExperimentConfig:
     """A copy with these flat settings changed (checked as a whole)."""
     return self.from_settings(self.settings(), **settings)
 
+  @property
+  def rounds_per_checkpoint(self) -> int:
+    """`rounds_per_checkpoint`, or its default for the mechanism when unset."""
+    if self.output.rounds_per_checkpoint is not None:
+      return self.output.rounds_per_checkpoint
+    return 1 if self.dp.kind in choices.TREE_DP_KINDS else 10
+
   def with_run_name(self) -> 'ExperimentConfig':
     """The config with `experiment_name` set: TASK-DP-TIMESTAMP when it is unset."""
     if self.output.experiment_name is not None:
       return self
     return self.replace(experiment_name=(f'{self.task.name}-{self.dp.kind}-'
                                          f'{time.strftime("%Y%m%d-%H%M%S")}'))
+
+
+def recorded_settings(run_path: str) -> dict[str, Any]:
+  """What RUN_PATH/config.json recorded ({} if the run has none yet): the one reader of the
+  file (`run_dir.RunDirectory.write_config` writes it)."""
+  path = os.path.join(run_path, 'config.json')
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except FileNotFoundError:
+    return {}
+  except (OSError, ValueError) as e:
+    raise UserInputError(f'cannot read {path}: {e}') from e
+
+
+def resumed(recorded: Mapping[str, Any], given: Mapping[str, Any]) -> 'ExperimentConfig':
+  """The config of a resumed run: the `recorded` settings (config.json), with `given` ones on
+  top (a resume may change only `RESUMABLE_SETTINGS`; `tff_dp.training.experiment` refuses the
+  rest), so that resuming needs only where the run is."""
+  settings = {k: v for k, v in recorded.items() if k in _FIELDS}
+  settings.update(given)
+  return ExperimentConfig.from_settings(settings, resume=True)
 
 
 # Flat setting name -> (section, field name), in section order.

@@ -9,6 +9,7 @@ Imports no TensorFlow: `parse` reports a bad command line before TF is loaded.
 """
 
 import dataclasses
+import os
 import typing
 from typing import Any, Sequence
 
@@ -79,6 +80,11 @@ def new_flag_values() -> flags.FlagValues:
 
 def config_from_flags(flag_values: flags.FlagValues) -> config_lib.ExperimentConfig:
   """The config the parsed `flag_values` describe (UserInputError if it is not valid)."""
+  return config_lib.ExperimentConfig.from_settings(_settings(flag_values))
+
+
+def _settings(flag_values: flags.FlagValues) -> dict[str, Any]:
+  """{setting: value} of the parsed flags (paths expanded, paper results parsed)."""
   values: dict[str, Any] = {}
   for section, fields in config_lib.fields_by_section().items():
     hints = typing.get_type_hints(config_lib.SECTIONS[section])
@@ -90,7 +96,7 @@ def config_from_flags(flag_values: flags.FlagValues) -> config_lib.ExperimentCon
       elif field.metadata.get('path'):
         value = cli_flags.path(value)
       values[name] = value
-  return config_lib.ExperimentConfig.from_settings(values)
+  return values
 
 
 def parse(argv: Sequence[str]) -> config_lib.ExperimentConfig:
@@ -106,7 +112,18 @@ def parse(argv: Sequence[str]) -> config_lib.ExperimentConfig:
     raise errors.UserInputError(str(e)) from None
   if extra:
     raise errors.UserInputError(f'unexpected arguments {extra}')
-  return config_from_flags(flag_values)
+  if not flag_values['resume'].value:
+    return config_from_flags(flag_values)
+  # A resume takes the run's recorded settings; the flags given on the command line override.
+  if flag_values['experiment_name'].value is None:
+    raise errors.UserInputError('`resume` needs `experiment_name` (the run directory to '
+                                'continue)')
+  given = _settings(flag_values)
+  root = given['root_output_dir']
+  present = {name for name in given if flag_values[name].present}
+  recorded = config_lib.recorded_settings(os.path.join(root, given['experiment_name']))
+  return config_lib.resumed(recorded, {k: v for k, v in given.items()
+                                       if k in present or k not in recorded})
 
 
 def help_text(flag_values: flags.FlagValues) -> str:

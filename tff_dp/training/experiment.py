@@ -69,12 +69,13 @@ def resume_changes(recorded: dict[str, Any], cfg: ExperimentConfig) -> dict[str,
              if name in recorded and name != 'resume' and recorded[name] != value}
   refused = {k: v for k, v in changes.items() if k not in RESUMABLE_CHANGES}
   if refused:
-    listed = '; '.join(f'{k} was {old!r}, now {new_value!r}'
+    listed = '; '.join(f'`{k}` was {old!r}, now {new_value!r}'
                        for k, (old, new_value) in refused.items())
     raise UserInputError(
         f'cannot resume {os.path.join(cfg.output.root_output_dir, cfg.output.experiment_name)} '
         f'with different settings: {listed}. A resumed run must be the same mechanism, model '
-        f'and data; only {", ".join(RESUMABLE_CHANGES)} may change (nothing was changed)')
+        f'and data; only {", ".join(f"`{k}`" for k in RESUMABLE_CHANGES)} may change (nothing '
+        'was changed)')
   return changes
 
 
@@ -324,6 +325,8 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
   aggregates, train_policy = _checkpoint_aggregation(config.checkpoint_aggregation)
   stop.raise_if_received('during start-up')
 
+  if cfg.resume and cfg.dp != 'none':
+    ledger_lib.check_resumable(run_dir.file('ledger.jsonl'))   # Refused before any write.
   facts = release.RunFacts(
       dp=cfg.dp != 'none', noise_state_in_checkpoints=tree,
       eval_covered=evaluation_data.covered, seeded=cfg.sampling_seed is not None,
@@ -361,7 +364,7 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
       canaries=canaries)
   loop_config = components.LoopConfig(
       total_rounds=cfg.total_rounds, rounds_per_eval=cfg.rounds_per_eval,
-      rounds_per_checkpoint=cfg.rounds_per_checkpoint, delta=delta,
+      rounds_per_checkpoint=config.rounds_per_checkpoint, delta=delta,
       max_epsilon=cfg.max_epsilon, uncertainty_last_k=cfg.uncertainty_last_k,
       dp=cfg.dp, release_facts=facts, eval_description=evaluation_data.description,
       side_information=_side_information(cfg), client_cache_size=cfg.client_cache_size, prefetch_clients=cfg.prefetch_clients,

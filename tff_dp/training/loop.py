@@ -43,6 +43,7 @@ def run_training(config: components.LoopConfig, c: components.LoopComponents,
   with contextlib.ExitStack() as stack:
     if stop is None:
       stop = stack.enter_context(stop_signal.StopSignal(c.log))
+    stop.rounds_started = True
     try:
       ending = _Rounds(config, c, client_data, stop, progress, last_record).run()
     finally:

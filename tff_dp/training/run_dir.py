@@ -19,7 +19,6 @@ import fcntl
 import json
 import math
 import os
-import tempfile
 import time
 from typing import Any, Mapping, Optional
 
@@ -32,6 +31,7 @@ from tensorflow_federated.python.common_libs import serializable
 from tff_dp import atomic_write
 from tff_dp import errors
 from tff_dp.errors import UserInputError
+from tff_dp.training import config as config_lib
 from tff_dp.training import release
 
 _KEEP_CHECKPOINTS = 3
@@ -193,14 +193,16 @@ class ReusingFileProgramStateManager(tff.program.FileProgramStateManager):
 
 
 def _check_writable(root: str) -> None:
-  """Fails early, with the reason, if run directories cannot be created under `root`."""
-  try:
-    os.makedirs(root, exist_ok=True)
-    fd, probe = tempfile.mkstemp(dir=root, prefix='.write-test-')
-    os.close(fd)
-    os.remove(probe)
-  except OSError as e:
-    raise UserInputError(f'`root_output_dir` {root} is not writable: {e.strerror or e}') from e
+  """Fails early, with the reason, if run directories cannot be created under `root`, without
+  creating or writing anything (a refused run leaves the file system as it was)."""
+  existing = os.path.abspath(root)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise UserInputError(f'`root_output_dir` {root}: {existing} is not a directory')
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise UserInputError(f'`root_output_dir` {root} is not writable: {existing} refuses '
+                         'writes (permission denied)')
 
 
 @contextlib.contextmanager
@@ -247,7 +249,8 @@ class RunDirectory:
 
     A second process pointed at the same run directory (a --resume while the run is still
     going, or two runs started at once) is refused instead of interleaving ledger lines. The
-    kernel releases the lock when the process dies, even by SIGKILL.
+    kernel releases the lock when the process dies, even by SIGKILL. The holder's pid is
+    written by `create` (a resume refused after this leaves .lock as it was).
     """
     f = open(self.file('.lock'), 'a+')  # pylint: disable=consider-using-with
     try:
@@ -258,10 +261,6 @@ class RunDirectory:
       f.close()
       raise UserInputError(f'run directory {self.path} is in use by {owner}; wait for it to '
                            'finish or stop it (nothing was changed)') from None
-    f.seek(0)
-    f.truncate()
-    f.write(f'pid {os.getpid()}\n')
-    f.flush()
     self._lock_file = f
 
   def close(self) -> None:
@@ -286,6 +285,10 @@ class RunDirectory:
       os.makedirs(self.path, exist_ok=True)
       if self._lock_file is None:
         self._lock()
+      self._lock_file.seek(0)
+      self._lock_file.truncate()
+      self._lock_file.write(f'pid {os.getpid()}\n')
+      self._lock_file.flush()
       os.makedirs(self.file(SECRET_DIR), mode=0o700, exist_ok=True)
       os.chmod(self.file(SECRET_DIR), 0o700)
       for sub in (checkpoints, 'plots') + (('tensorboard',) if tensorboard else ()):
@@ -330,13 +333,7 @@ class RunDirectory:
 
   def read_config(self) -> dict[str, Any]:
     """The recorded settings of an existing run ({} if it has no config.json yet)."""
-    try:
-      with open(self.file('config.json')) as f:
-        return json.load(f)
-    except FileNotFoundError:
-      return {}
-    except (OSError, ValueError) as e:
-      raise UserInputError(f'cannot read {self.file("config.json")}: {e}') from e
+    return config_lib.recorded_settings(self.path)
 
   def write_summaries(self, round_num: int, scalars: Mapping[str, float]) -> None:
     if self._summary_writer is None:

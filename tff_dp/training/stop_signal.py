@@ -21,6 +21,7 @@ class StopSignal:
 
   def __init__(self, log: Callable[[str], None] = print):
     self.received: Optional[int] = None
+    self.rounds_started = False   # Set by the round loop: what a stop means changes then.
     self._log = log
     self._previous = {}
 
@@ -41,8 +42,12 @@ class StopSignal:
         raise KeyboardInterrupt
       raise SystemExit(128 + signum)
     self.received = signum
-    self._log(f'{signal.Signals(signum).name}: stopping at the next safe point (after the '
-              'current round, with a checkpoint); send it again to abort now')
+    if self.rounds_started:
+      self._log(f'{signal.Signals(signum).name}: stopping after the current round, with a '
+                'checkpoint; send it again to abort the round (the rounds before it are kept)')
+    else:
+      self._log(f'{signal.Signals(signum).name}: stopping at the next step of start-up (no '
+                'round has started; nothing of the run is written); send it again to abort now')
 
   def install(self) -> 'StopSignal':
     """Installs the handlers until `__exit__` (main thread only; elsewhere a no-op)."""
