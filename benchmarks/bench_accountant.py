@@ -30,6 +30,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import bench_args  # noqa: E402  (no TensorFlow)
+
 # pylint: disable=g-import-not-at-top,wrong-import-position
 from tff_dp import ledger
 from tff_dp.accounting import accountant
@@ -77,12 +79,16 @@ def replay_adaptive_ledger(rounds):
             + f' at delta = {DELTA:g})')
 
 
+# `--smoke`: the smallest settings, which the test suite runs (bench_args).
+SMOKE = ['--rounds=50', '--replay_rounds=20']
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--rounds', type=int, default=10000)
   parser.add_argument('--replay_rounds', type=int, default=1500)
   parser.add_argument('--with_pld', action='store_true', help='Also time the PLD curve.')
-  args = parser.parse_args()
+  args = bench_args.parse(parser, SMOKE)
   replay_adaptive_ledger(args.replay_rounds)
   records = make_records(args.rounds)
 

@@ -16,6 +16,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import bench_args  # noqa: E402  (no TensorFlow)
+
 import tff_dp  # noqa: E402,F401  (first: installs the TFF worker shutdown hook)
 import numpy as np  # noqa: E402
 import tensorflow_federated as tff  # noqa: E402
@@ -108,6 +110,10 @@ def bench_stackoverflow(args, rows):
                  time.time() - t))
 
 
+# `--smoke`: the smallest settings, which the test suite runs (bench_args).
+SMOKE = ['--rounds=2', '--clients_per_round=5']
+
+
 def main():
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--rounds', type=int, default=30)
@@ -122,7 +128,7 @@ def main():
   p.add_argument('--seed', type=int, default=0)
   p.add_argument('--data_dir', default=None)
   p.add_argument('--skip_stackoverflow', action='store_true')
-  args = p.parse_args()
+  args = bench_args.parse(p, SMOKE)
   rows = []
   bench_sparse(args, rows)
   if not args.skip_stackoverflow:

@@ -14,6 +14,8 @@ import time
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import bench_args  # noqa: E402  (no TensorFlow)
+
 import tff_dp  # noqa: E402,F401  (worker shutdown hook)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -59,10 +61,14 @@ def _process(aggregator):
       model_aggregator=aggregator)
 
 
+# `--smoke`: the smallest settings, which the test suite runs (bench_args).
+SMOKE = ['--rounds=1']
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument('--rounds', type=int, default=5)
-  args = parser.parse_args()
+  args = bench_args.parse(parser, SMOKE)
   m = float(_CLIENTS)
   arms = {
       'tff_gaussian_adaptive': _process(

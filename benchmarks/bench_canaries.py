@@ -31,6 +31,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import bench_args  # noqa: E402  (no TensorFlow)
+
 # Per task: the generator family, settings that make the model learn in a few dozen rounds.
 _TASKS = {
     'emnist': dict(family='emnist', settings=dict(clip=0.1, client_learning_rate=0.05)),
@@ -80,6 +82,10 @@ def _fmt(value, digits=3):
   return 'n/a' if value is None else f'{value:.{digits}g}'
 
 
+# `--smoke`: the smallest settings, which the test suite runs (bench_args).
+SMOKE = ['--tasks=emnist', '--noise=1', '--population=40', '--clients_per_round=5', '--num_canaries=4', '--total_rounds=2']
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--tasks', default='emnist,stackoverflow_tag')
@@ -93,7 +99,7 @@ def main():
                       help='one delta for every run (with and without canaries)')
   parser.add_argument('--cache_root', default=os.path.join(ROOT, 'data_cache'))
   parser.add_argument('--out_dir', default='/tmp/bench_canaries')
-  args = parser.parse_args()
+  args = bench_args.parse(parser, SMOKE)
   results = []
   for task in args.tasks.split(','):
     data_dir = _cache(args.cache_root, _TASKS[task]['family'], args.population)

@@ -16,6 +16,8 @@ import time
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import bench_args  # noqa: E402  (no TensorFlow)
+
 import numpy as np  # noqa: E402
 
 import tff_dp  # noqa: E402,F401
@@ -99,6 +101,10 @@ def bench_algorithm1(rounds: int, tau: int, repeats: int) -> None:
           flush=True)
 
 
+# `--smoke`: the smallest settings, which the test suite runs (bench_args).
+SMOKE = ['--params=10000', '--k=3', '--repeats=1']
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('mode', nargs='?', default='ops', choices=('ops', 'algorithm1'))
@@ -107,7 +113,7 @@ def main():
   parser.add_argument('--repeats', type=int, default=3)
   parser.add_argument('--rounds', type=int, default=60)
   parser.add_argument('--tau', type=int, default=10)
-  args = parser.parse_args()
+  args = bench_args.parse(parser, SMOKE)
   if args.mode == 'ops':
     bench_ops(args.params, args.k, args.repeats)
   else:

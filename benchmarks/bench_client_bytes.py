@@ -23,10 +23,12 @@ import threading
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import bench_args  # noqa: E402  (no TensorFlow)
+
 import grpc  # noqa: E402
 
 import tff_dp  # noqa: E402,F401
-import bench_scaling  # noqa: E402  (its loopback worker helper)
+import bench_common  # noqa: E402  (its loopback worker helper)
 import tasks  # noqa: E402
 from tasks import synthetic_data  # noqa: E402
 from tff_dp import distributed  # noqa: E402
@@ -98,14 +100,18 @@ def _fmt(n):
   return f'{n / 1e6:8.3f} MB' if n >= 1e5 else f'{n / 1e3:8.1f} kB'
 
 
+# `--smoke`: the smallest settings, which the test suite runs (bench_args).
+SMOKE = ['--rounds=3', '--clients=2', '--tasks=emnist']
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument('--rounds', type=int, default=4)
   parser.add_argument('--clients', type=int, default=10)
   parser.add_argument('--tasks', default='emnist,stackoverflow_word')
-  args = parser.parse_args()
+  args = bench_args.parse(parser, SMOKE)
   assert args.rounds >= 3
-  worker, address = bench_scaling._start_worker()  # pylint: disable=protected-access
+  worker, address = bench_common.start_worker()
   counter = ByteCounter()
   try:
     distributed.install_worker_context([address], interceptors=[counter])

@@ -1,7 +1,14 @@
 """Pieces every round-time benchmark shares: the clients, the FedAvg process, the timed loop."""
 
+import os
+import socket
 import statistics
+import subprocess
+import sys
 import time
+from typing import Optional
+
+import portpicker
 
 import tensorflow_federated as tff
 
@@ -40,3 +47,24 @@ def interleaved_median_seconds(processes: dict, states: dict, data, rounds: int)
     states[k] = processes[k].next(states[k], data).state
     times[k].append(time.perf_counter() - t0)
   return {k: statistics.median(v) for k, v in times.items()}
+
+
+def start_worker(core: Optional[int] = None) -> tuple[subprocess.Popen, str]:
+  """(process, 'host:port') of a loopback `python -m tff_dp.worker`, pinned to `core` with
+  taskset when given; returns once it accepts connections."""
+  port = portpicker.pick_unused_port()
+  command = [sys.executable, '-m', 'tff_dp.worker', f'--port={port}']
+  if core is not None:
+    command = ['taskset', '-c', str(core)] + command
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  proc = subprocess.Popen(command, env=dict(os.environ, PYTHONPATH=repo),
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  for _ in range(600):
+    if proc.poll() is not None:
+      raise RuntimeError(f'worker (core {core}) exited at start-up')
+    try:
+      with socket.create_connection(('127.0.0.1', port), timeout=0.2):
+        return proc, f'127.0.0.1:{port}'
+    except OSError:
+      time.sleep(0.1)
+  raise RuntimeError('worker did not start')

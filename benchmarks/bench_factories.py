@@ -26,6 +26,8 @@ import time
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import bench_args  # noqa: E402  (no TensorFlow)
+
 import tff_dp  # noqa: E402,F401
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -130,12 +132,16 @@ def ledger_cost(rounds: int = 300) -> dict:
           t_rdp / rounds, 'PLD epsilon (one report)': t_pld / max(n_pld, 1)}
 
 
+# `--smoke`: the smallest settings, which the test suite runs (bench_args).
+SMOKE = ['--rounds=1', '--clients=6', '--tasks=emnist']   # TFF's gaussian_adaptive needs >= 6.
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--rounds', type=int, default=5)
   parser.add_argument('--clients', type=int, default=10)
   parser.add_argument('--tasks', default='emnist,stackoverflow_word')
-  args = parser.parse_args()
+  args = bench_args.parse(parser, SMOKE)
   data_dir = os.path.join(tempfile.gettempdir(), 'tff_dp_bench_data')
   print(f'{time.strftime("%Y-%m-%d")}, {platform.machine()}, {os.cpu_count()} cores, '
         f'TFF {tff.__version__}, TF {tf.__version__}; {args.clients} clients/round, median of '

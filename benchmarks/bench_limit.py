@@ -37,6 +37,8 @@ import time
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import bench_args  # noqa: E402  (no TensorFlow)
+
 import tff_dp  # noqa: E402,F401
 import tensorflow as tf  # noqa: E402
 import tensorflow_federated as tff  # noqa: E402
@@ -241,7 +243,7 @@ def bench(task_name: str, clients: int, repetitions: int, arms: list, warmup: in
       experiment.run(cfg, task, log=log)
     except _Done:
       pass
-    with open(os.path.join(root, cfg.experiment_name, 'metrics.csv'), newline='') as f:
+    with open(os.path.join(root, cfg.output.experiment_name, 'metrics.csv'), newline='') as f:
       rows = list(csv.DictReader(f))[warmup:]
     clock.wall['ours_next'] = [float(r['round_seconds']) for r in rows]
   finally:
@@ -259,6 +261,10 @@ def _table(title, results, columns, arms):
           + ''.join(f' {med["ours"] / med[a]:>9.3f}' for a in ratios))
 
 
+# `--smoke`: the smallest settings, which the test suite runs (bench_args).
+SMOKE = ['--tasks=emnist', '--clients=2', '--repetitions=1', '--warmup=1']
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--tasks', default='emnist,stackoverflow_word')
@@ -271,7 +277,7 @@ def main():
   parser.add_argument('--max_concurrent_computation_calls', type=int, default=-1,
                       help='Clients the TFF worker trains at once, for every TFF arm '
                            '(<= 0: all of a round\'s clients, TFF\'s default).')
-  args = parser.parse_args()
+  args = bench_args.parse(parser, SMOKE)
   arms = [a for a in ARMS if a in args.arms.split(',')]
   if set(args.arms.split(',')) - set(ARMS) or args.warmup < 1 or args.repetitions < 1:
     parser.error(f'--arms from {",".join(ARMS)}; --warmup and --repetitions >= 1')

@@ -36,6 +36,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import bench_args  # noqa: E402  (no TensorFlow)
+
 from tasks import synthetic_data  # noqa: E402  pylint: disable=wrong-import-position
 
 _FAMILY = {'emnist': 'emnist', 'stackoverflow_tag': 'stackoverflow',
@@ -146,6 +148,10 @@ def _fmt(v, spec='.1f'):
   return '-' if v is None else format(v, spec)
 
 
+# `--smoke`: the smallest settings, which the test suite runs (bench_args).
+SMOKE = ['--tasks=emnist', '--populations=40,50', '--clients_per_round=5', '--rounds=2']
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
   parser.add_argument('--tasks', default='stackoverflow_tag,emnist')
@@ -163,7 +169,7 @@ def main():
   parser.add_argument('--max_rss_gb', type=float, default=6.0,
                       help='stop a run whose process tree exceeds this (shared machine)')
   parser.add_argument('extra', nargs='*', help='more run_experiment.py flags (after --)')
-  args = parser.parse_args()
+  args = bench_args.parse(parser, SMOKE)
   with open('/proc/loadavg') as f:
     print(f'load average at start: {" ".join(f.read().split()[:3])} '
           f'({os.cpu_count()} cores)', flush=True)

@@ -12,6 +12,8 @@ import tempfile
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import bench_args  # noqa: E402  (no TensorFlow)
+
 import tff_dp  # noqa: E402,F401
 
 import bench_common  # noqa: E402
@@ -42,12 +44,16 @@ def bench_task(name, data_dir, clients, rounds):
   return bench_common.interleaved_median_seconds(arms, states, datasets, rounds)
 
 
+# `--smoke`: the smallest settings, which the test suite runs (bench_args).
+SMOKE = ['--rounds=1', '--clients=2', '--tasks=emnist']
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument('--rounds', type=int, default=6)
   parser.add_argument('--clients', type=int, default=10)
   parser.add_argument('--tasks', default='emnist,stackoverflow_tag,stackoverflow_word')
-  args = parser.parse_args()
+  args = bench_args.parse(parser, SMOKE)
   data_dir = os.path.join(tempfile.gettempdir(), 'tff_dp_bench_data')
   print(f'{"task":<20} {"plain s/round":>14} {"DP fixed":>10} {"DP adaptive":>12} '
         f'{"fixed/plain":>12} {"adaptive/plain":>15}')

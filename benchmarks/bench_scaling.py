@@ -31,6 +31,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import bench_args  # noqa: E402  (no TensorFlow)
+
 from tff_dp import runtime  # noqa: E402  (/proc helpers only; imports no TensorFlow)
 
 _ROUND_SECONDS = re.compile(r'^round\s+(\d+)/\d+.*\s(\d+\.\d+)s\s*$')
@@ -109,6 +111,10 @@ def run_cell(task: str, data_dir: str, clients: int, rounds: int, cap: int,
               worker_gib=peak.worker / 1024, total_gib=peak.total / 1024)
 
 
+# `--smoke`: the smallest settings, which the test suite runs (bench_args).
+SMOKE = ['--tasks=emnist', '--clients=2', '--population=20', '--total_rounds=2']
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--tasks', default='emnist,stackoverflow_word')
@@ -121,7 +127,7 @@ def main():
                                                           'tff_dp_bench_scaling'))
   parser.add_argument('--client_slices', default='',
                       help='CLIENTS:SLICES,... e.g. 500:5 (default: one slice everywhere).')
-  args = parser.parse_args()
+  args = bench_args.parse(parser, SMOKE)
   clients = [int(c) for c in args.clients.split(',')]
   per_clients = lambda spec: {int(k): int(v) for k, v in (kv.split(':')
                                                            for kv in spec.split(',') if kv)}

@@ -35,6 +35,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import bench_args  # noqa: E402  (no TensorFlow)
+
 from tff_dp import runtime  # noqa: E402  (/proc helpers only; imports no TensorFlow)
 
 _ROUND = re.compile(r'^round\s+(\d+)/')
@@ -48,6 +50,10 @@ def slope(xs, ys) -> float:
   return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else float('nan')
 
 
+# `--smoke`: the smallest settings, which the test suite runs (bench_args).
+SMOKE = ['--rounds=4', '--report_at=2,4', '--window=1']
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--rounds', type=int, default=500)
@@ -59,7 +65,7 @@ def main():
                       help='Also write round,coordinator_mib,worker_mib of every round here.')
   parser.add_argument('--extra_flags', default='',
                       help='More run_experiment.py flags, e.g. "--dp=none".')
-  args = parser.parse_args()
+  args = bench_args.parse(parser, SMOKE)
   report_at = sorted(int(r) for r in args.report_at.split(','))
   if report_at[-1] > args.rounds or report_at[0] < 1:
     parser.error('--report_at rounds must lie in [1, --rounds]')

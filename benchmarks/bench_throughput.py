@@ -24,6 +24,8 @@ import time
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import bench_args  # noqa: E402  (no TensorFlow)
+
 import tff_dp  # noqa: E402,F401
 import tensorflow as tf  # noqa: E402
 import tensorflow_federated as tff  # noqa: E402
@@ -81,12 +83,16 @@ def ours_seconds(data_dir: str, rounds: int, **overrides) -> list[float]:
   return [float(r['wall_seconds']) for r in rows[1:-1]]
 
 
+# `--smoke`: the smallest settings, which the test suite runs (bench_args).
+SMOKE = ['--rounds=2']
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--rounds', type=int, default=12)
   parser.add_argument('--max_concurrent_computation_calls', type=int, default=None,
                       help='Set the C++ context concurrency (default: tff_dp\'s setting).')
-  args = parser.parse_args()
+  args = bench_args.parse(parser, SMOKE)
   if args.max_concurrent_computation_calls is not None:
     runtime.configure_execution_context(
         max_concurrent_computation_calls=args.max_concurrent_computation_calls)

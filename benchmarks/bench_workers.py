@@ -20,9 +20,7 @@ Usage: python benchmarks/bench_workers.py [--rounds 5] [--clients 20]
 import argparse
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,9 +28,10 @@ import time
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import bench_args  # noqa: E402  (no TensorFlow)
+
 import tff_dp  # noqa: E402,F401
 import numpy as np  # noqa: E402
-import portpicker  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tensorflow_federated as tff  # noqa: E402
 
@@ -43,7 +42,6 @@ from tff_dp import aggregators  # noqa: E402
 from tff_dp import distributed  # noqa: E402
 from tff_dp import runtime  # noqa: E402
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _without_dropout(keras_model_fn):
@@ -66,23 +64,6 @@ def _process(task, clients):
           'adaptive', noise_multiplier=0.0, clipped_count_stddev=0.0,
           clients_per_round=float(clients), clip=0.1),
       client_learning_rate=0.05)
-
-
-def _start_worker(core):
-  port = portpicker.pick_unused_port()
-  proc = subprocess.Popen(
-      ['taskset', '-c', str(core), sys.executable, '-m', 'tff_dp.worker', f'--port={port}'],
-      env=dict(os.environ, PYTHONPATH=_REPO), stdout=subprocess.DEVNULL,
-      stderr=subprocess.DEVNULL)
-  for _ in range(600):
-    if proc.poll() is not None:
-      raise RuntimeError(f'worker on core {core} exited at start-up')
-    try:
-      with socket.create_connection(('127.0.0.1', port), timeout=0.2):
-        return proc, f'127.0.0.1:{port}'
-    except OSError:
-      time.sleep(0.1)
-  raise RuntimeError('worker did not start')
 
 
 def _cpu_seconds(pid):
@@ -119,11 +100,15 @@ def _load():
   return ' '.join(f'{x:.2f}' for x in os.getloadavg())
 
 
+# `--smoke`: the smallest settings, which the test suite runs (bench_args).
+SMOKE = ['--rounds=1', '--clients=2']
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--rounds', type=int, default=5)
   parser.add_argument('--clients', type=int, default=20)
-  args = parser.parse_args()
+  args = bench_args.parse(parser, SMOKE)
   if shutil.which('taskset') is None or os.cpu_count() < 2:
     sys.exit('needs taskset and at least 2 cores')
   data_dir = os.path.join(tempfile.gettempdir(), 'tff_dp_bench_data')
@@ -144,7 +129,7 @@ def main():
 
   procs, arms = [], {}
   try:
-    procs = [_start_worker(0), _start_worker(1)]
+    procs = [bench_common.start_worker(0), bench_common.start_worker(1)]
     addresses = [a for _, a in procs]
     arms['1 worker (core 0)'] = distributed.install_worker_context(addresses[:1])
     arms['2 workers (cores 0, 1)'] = distributed.install_worker_context(addresses)

@@ -34,6 +34,14 @@ class _Captured(io.StringIO):
     return self._fileno()
 
 
+@contextlib.contextmanager
+def captured_stdout():
+  """What the block prints (`.getvalue()`); TFF workers it starts write to the real stdout."""
+  out = _Captured(sys.stdout)
+  with contextlib.redirect_stdout(out):
+    yield out
+
+
 def main_in_process(name: str, args: list[str]) -> tuple[int, str, str]:
   """(exit code, stdout, stderr) of REPO/`name`'s `main` (e.g. 'run_experiment.py') called in
   this process with `args`: the command line as `script(name) + args` runs it, without a fresh

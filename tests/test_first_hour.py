@@ -186,3 +186,11 @@ def test_accounting_cli_repairs_a_truncated_ledger_and_replays_it_quickly(tmp_pa
   acc.compose(dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(0.7)), 8)
   exact = acc.get_epsilon(1e-3)
   assert exact <= last <= exact * 1.001
+
+
+def test_reproduce_refuses_an_unknown_table_and_writes_nothing(tmp_path):
+  root = tmp_path / 'runs'
+  code, _, err = main_in_process('reproduce.py', ['--table=no_such_table',
+                                                  f'--root_output_dir={root}'])
+  assert code == 2 and err.strip().startswith('error:'), err
+  assert not root.exists()

@@ -6,6 +6,7 @@ or resumes the experiment (`tff_dp.training.experiment.run`, which takes a task 
 callers that build their own).
 """
 
+import contextlib
 from typing import Optional
 
 import tasks
@@ -52,5 +53,23 @@ def run(cfg: ExperimentConfig, *, log=print,
   receives the console lines; `stop`: see `tff_dp.training.experiment.run`.
   """
   cfg.validate()
-  configure_execution(cfg)
-  return experiment.run(cfg, load_task(cfg), log=log, stop=stop)
+  with _quiet_logs():
+    configure_execution(cfg)
+    return experiment.run(cfg, load_task(cfg), log=log, stop=stop)
+
+
+@contextlib.contextmanager
+def _quiet_logs():
+  """TensorFlow's and absl's INFO lines off while the run lasts (the console is one line per
+  round, as the command line has it), restored after: a library call leaves the process's
+  logging as it found it."""
+  from absl import logging   # pylint: disable=g-import-not-at-top
+  import tensorflow as tf   # pylint: disable=g-import-not-at-top
+  absl_level, tf_level = logging.get_verbosity(), tf.get_logger().level
+  logging.set_verbosity(logging.WARNING)
+  tf.get_logger().setLevel('ERROR')
+  try:
+    yield
+  finally:
+    logging.set_verbosity(absl_level)
+    tf.get_logger().setLevel(tf_level)

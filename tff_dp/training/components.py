@@ -72,11 +72,12 @@ class RunSummary:
   and `resume` continues it.
   """
   rounds_completed: int                 # The last completed round (of the whole run).
-  final_state: Any = None               # The learning process state after that round.
+  # The learning process state after that round (the model: left out of the repr).
+  final_state: Any = dataclasses.field(default=None, repr=False)
   stopped_by_max_epsilon: bool = False  # Stopped before a round that would exceed max_epsilon.
   stopped_by_signal: Optional[str] = None   # e.g. 'SIGINT'; None: not stopped by a signal.
   # The privacy statement (privacy_statement.statement), also in summary.json.
-  privacy: Optional[dict[str, Any]] = None
+  privacy: Optional[dict[str, Any]] = dataclasses.field(default=None, repr=False)
   # The last-k checkpoint uncertainty report (uncertainty.json), when one was asked for.
-  uncertainty: Optional[dict[str, Any]] = None
+  uncertainty: Optional[dict[str, Any]] = dataclasses.field(default=None, repr=False)
   run_dir: Optional[str] = None         # The run directory (set by `experiment.run`).
