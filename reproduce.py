@@ -337,7 +337,8 @@ def reproduce_table(table: str, *, scale: str, data_dir: str, root_output_dir: s
 def main(argv) -> int:
   """argv (program name first) -> exit code: 0 done, 2 bad input (unknown flags included),
   1 an arm failed."""
-  import tff_dp  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  from tff_dp import runtime  # pylint: disable=g-import-not-at-top
+  runtime.manage_workers()   # No TFF worker outlives the command.
   from tff_dp import cli_flags  # pylint: disable=g-import-not-at-top
   from tff_dp.errors import UserInputError  # pylint: disable=g-import-not-at-top
   try:

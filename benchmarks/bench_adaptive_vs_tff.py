@@ -16,7 +16,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_args  # noqa: E402  (no TensorFlow)
 
-import tff_dp  # noqa: E402,F401  (worker shutdown hook)
+from tff_dp import runtime as _runtime  # noqa: E402
+
+_runtime.manage_workers()   # No TFF worker outlives the benchmark.
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tensorflow_federated as tff  # noqa: E402

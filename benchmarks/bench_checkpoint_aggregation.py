@@ -20,7 +20,9 @@ import bench_args  # noqa: E402  (no TensorFlow)
 
 import numpy as np  # noqa: E402
 
-import tff_dp  # noqa: E402,F401
+from tff_dp import runtime as _runtime  # noqa: E402
+
+_runtime.manage_workers()   # No TFF worker outlives the benchmark.
 from tff_dp import checkpoint_aggregation as ca  # noqa: E402
 
 

@@ -27,7 +27,9 @@ import bench_args  # noqa: E402  (no TensorFlow)
 
 import grpc  # noqa: E402
 
-import tff_dp  # noqa: E402,F401
+from tff_dp import runtime as _runtime  # noqa: E402
+
+_runtime.manage_workers()   # No TFF worker outlives the benchmark.
 import bench_common  # noqa: E402  (its loopback worker helper)
 import tasks  # noqa: E402
 from tasks import synthetic_data  # noqa: E402

@@ -28,7 +28,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_args  # noqa: E402  (no TensorFlow)
 
-import tff_dp  # noqa: E402,F401
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tensorflow_federated as tff  # noqa: E402
@@ -40,6 +39,8 @@ from tff_dp import accounting  # noqa: E402
 from tff_dp import aggregators  # noqa: E402
 from tff_dp import ledger as ledger_lib  # noqa: E402
 from tff_dp import runtime  # noqa: E402
+
+runtime.manage_workers()   # No TFF worker outlives the benchmark.
 from tff_dp.training import adadps_setup  # noqa: E402
 
 _Z, _CLIP = 0.5, 1.0

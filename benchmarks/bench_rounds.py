@@ -14,7 +14,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_args  # noqa: E402  (no TensorFlow)
 
-import tff_dp  # noqa: E402,F401
+from tff_dp import runtime as _runtime  # noqa: E402
+
+_runtime.manage_workers()   # No TFF worker outlives the benchmark.
 
 import bench_common  # noqa: E402
 import tasks  # noqa: E402

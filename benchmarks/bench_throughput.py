@@ -26,13 +26,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_args  # noqa: E402  (no TensorFlow)
 
-import tff_dp  # noqa: E402,F401
 import tensorflow as tf  # noqa: E402
 import tensorflow_federated as tff  # noqa: E402
 
 import tasks  # noqa: E402
 from tasks import synthetic_data  # noqa: E402
 from tff_dp import runtime  # noqa: E402
+
+runtime.manage_workers()   # No TFF worker outlives the benchmark.
 from tff_dp.training import config as config_lib  # noqa: E402
 from tff_dp.training import experiment  # noqa: E402
 

@@ -30,7 +30,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_args  # noqa: E402  (no TensorFlow)
 
-import tff_dp  # noqa: E402,F401
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tensorflow_federated as tff  # noqa: E402
@@ -41,6 +40,8 @@ from tasks import synthetic_data  # noqa: E402
 from tff_dp import aggregators  # noqa: E402
 from tff_dp import distributed  # noqa: E402
 from tff_dp import runtime  # noqa: E402
+
+runtime.manage_workers()   # No TFF worker outlives the benchmark.
 
 
 

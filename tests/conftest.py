@@ -1,5 +1,6 @@
-"""Shared fixtures. Importing tff_dp installs the worker shutdown hook; the session fixture below
-additionally stops TFF's worker_binary at teardown so no test session leaks one.
+"""Shared fixtures. The test session manages TFF's workers as a program using the package does
+(`runtime.manage_workers()`), and the session fixture below additionally stops TFF's
+worker_binary at teardown so no test session leaks one.
 `tiny_tag_task`: the smallest real task (StackOverflow tag prediction through TFF's loader on a
 generated 6-client cache, a 200 x 30 logistic regression), for tests of the FedAvg process."""
 
@@ -9,8 +10,9 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import pytest  # noqa: E402
 
-import tff_dp  # noqa: E402,F401  (installs the shutdown hook)
 from tff_dp import runtime  # noqa: E402
+
+runtime.manage_workers()
 
 
 @pytest.fixture(scope='session', autouse=True)

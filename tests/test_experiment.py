@@ -3,13 +3,13 @@
 import json
 import os
 
+import dp_accounting
 import numpy as np
 import pytest
 
 import tasks
 from tasks import synthetic_data
 from tff_dp import ledger as ledger_lib
-from tff_dp.accounting import accountant as accountant_lib
 from tff_dp.errors import UserInputError
 from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
@@ -51,11 +51,18 @@ def test_max_epsilon_stops_before_the_round_that_would_exceed_it(data_dir, tmp_p
   assert summary.rounds_completed == 3
   assert [int(r['round']) for r in rows] == [1, 2, 3]
   assert len(records) == 3 and max(float(r['epsilon_rdp']) for r in rows) <= limit
-  # Independent check: a fourth round with the same mechanism would have crossed the limit.
+  # Independent check, from the settings alone (fixed clip, z = 0.8, q = 5 / 20), with
+  # dp_accounting: each round's epsilon is the run's, and a fourth round crosses the limit.
   with open(tmp_path / 'full' / 'config.json') as f:
     delta = json.load(f)['delta_used']
-  curve = accountant_lib.epsilon_curve(full_records[:4], delta=delta, methods=('rdp',))
-  assert curve[3]['epsilon_rdp'] > limit
+  direct = []
+  for rounds in range(1, 7):
+    acc = dp_accounting.rdp.RdpAccountant()
+    acc.compose(dp_accounting.PoissonSampledDpEvent(0.25, dp_accounting.GaussianDpEvent(0.8)),
+                rounds)
+    direct.append(acc.get_epsilon(delta))
+  assert eps == pytest.approx(direct, rel=1e-6)
+  assert direct[3] > limit >= direct[2]
 
 
 def test_checkpoint_aggregation_and_preconditioning_leave_ledger_unchanged(data_dir, tmp_path):

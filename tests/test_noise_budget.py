@@ -14,16 +14,15 @@ from tff_dp.errors import UserInputError
 def test_update_noise_multiplier_matches_tff_formula():
   z, sigma_b = 1.0, 1.0  # TFF: (1 - (2)^-2)^-1/2 = 1.1547.
   assert noise_budget.update_noise_multiplier(z, sigma_b) == pytest.approx(1 / math.sqrt(0.75))
-  # Composition by Eq. (1) gives back z.
-  z_v = noise_budget.update_noise_multiplier(0.7, 0.5)
-  assert noise_budget.effective_noise_multiplier([z_v, 2 * 0.5]) == pytest.approx(0.7)
+  # By hand: 0.7^-2 = 2.0408, (2 * 0.5)^-2 = 1: z_v = 1.0408^-1/2 = 0.98020.
+  assert noise_budget.update_noise_multiplier(0.7, 0.5) == pytest.approx(0.98020, abs=1e-5)
 
 
 def test_update_noise_multiplier_with_several_count_queries():
-  z, sigma_b, k = 0.5, 2.0, 5
-  z_v = noise_budget.update_noise_multiplier(z, sigma_b, k)
-  assert noise_budget.effective_noise_multiplier([z_v] + [2 * sigma_b] * k) == pytest.approx(z)
-  assert noise_budget.update_noise_multiplier(0.0, 1.0, k) == 0.0
+  # By hand: 0.5^-2 = 4, five counts at (2 * 2)^-2 = 1/16 each: z_v = (4 - 5/16)^-1/2.
+  assert noise_budget.update_noise_multiplier(0.5, 2.0, 5) == pytest.approx(
+      (4 - 5 / 16) ** -0.5, rel=1e-12)
+  assert noise_budget.update_noise_multiplier(0.0, 1.0, 5) == 0.0
 
 
 @pytest.mark.parametrize('z,sigma_b,k', [(2.0, 1.0, 1), (3.0, 1.0, 1), (1.0, 1.0, 4),
@@ -37,8 +36,10 @@ def test_impossible_split_says_what_to_change(z, sigma_b, k):
   assert f'{z * math.sqrt(k) / 2:g}' in msg
 
 
-def test_default_clipped_count_stddev_is_m_over_20():
+def test_default_clipped_count_stddev_is_m_over_20_and_at_least_z():
   assert noise_budget.default_clipped_count_stddev(100) == 5.0
+  assert noise_budget.default_clipped_count_stddev(100, 0.7) == 5.0
+  assert noise_budget.default_clipped_count_stddev(5, 0.7) == 0.7   # m / 20 = 0.25 < z.
   assert noise_budget.resolve_clipped_count_stddev(None, 40) == 2.0
   assert noise_budget.resolve_clipped_count_stddev(3, 40) == 3.0
   with pytest.raises(UserInputError):

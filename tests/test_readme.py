@@ -3,11 +3,17 @@ in the block itself; the first trains on the embedded data in a temporary direct
 
 import os
 import re
+import subprocess
+import sys
+import time
 
 import pytest
 
 from run_helpers import captured_stdout
 from run_helpers import REPO
+from run_helpers import script_env
+from run_helpers import tagged_env
+from run_helpers import tagged_workers
 
 
 def _python_blocks():
@@ -31,3 +37,35 @@ def test_readme_python_block_runs_as_printed(index, tmp_path, monkeypatch):
     assert os.path.exists(tmp_path / 'runs' / 'so1' / 'summary.json')
   else:
     assert re.search(r'epsilon \d+\.\d+ at delta 1e-3 after 8 rounds', printed), printed
+
+
+@pytest.mark.slow
+def test_the_pipeline_block_as_a_program_leaves_no_worker(tmp_path):
+  block = next(b for b in _python_blocks() if 'build_unweighted_fed_avg' in b)
+  env, tag = tagged_env()
+  done = subprocess.run([sys.executable, '-c', block], cwd=tmp_path, env=env,
+                        capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stderr[-2000:]
+  time.sleep(0.5)
+  assert not tagged_workers(tag)
+
+
+def test_importing_the_package_changes_nothing_process_wide():
+  program = '''
+import atexit, signal, subprocess
+# Third-party modules register exit hooks of their own: imported before counting.
+import dp_accounting, matplotlib.pyplot, tensorflow, tensorflow_federated, tensorflow_privacy
+before = atexit._ncallbacks()
+import tff_dp, tff_dp.aggregators, tff_dp.training.api, tff_dp.training.experiment
+from tensorflow_federated.python.core.impl.executor_stacks import executor_factory
+print(atexit._ncallbacks() == before, signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
+      executor_factory.subprocess is subprocess)
+from tff_dp import runtime
+runtime.manage_workers()
+print(atexit._ncallbacks() > before, signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL,
+      executor_factory.subprocess is not subprocess)
+'''
+  done = subprocess.run([sys.executable, '-c', program], env=script_env(), capture_output=True,
+                        text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout.split() == ['True'] * 6, done.stdout

@@ -17,7 +17,8 @@ from run_helpers import tagged_workers
 
 _PROGRAM = r'''
 import sys, time
-import tff_dp
+from tff_dp import runtime
+runtime.manage_workers()
 import tensorflow as tf, tensorflow_federated as tff
 @tff.tensorflow.computation(tf.int32)
 def add_one(x):

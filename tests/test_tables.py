@@ -58,16 +58,15 @@ def test_read_run_replays_ledger_at_papers_delta(tmp_path):
                               'results': {'accuracy': 0.6, 'epsilon': 3.0, 'delta': 1e-6}})
   r = tables.read_run(str(run))
   assert r.delta == 1e-6                      # The paper's delta, not the run's 1e-4.
-  # The accountant rounds z down to 6 digits (conservative): equal to 1e-4, never below.
-  assert r.epsilon == pytest.approx(_rdp_epsilon(_ROUNDS, 1e-6), rel=1e-4)
-  assert r.epsilon >= _rdp_epsilon(_ROUNDS, 1e-6)
+  # RDP accounting is exact (no rounding of z): dp_accounting's value to float precision.
+  assert r.epsilon == pytest.approx(_rdp_epsilon(_ROUNDS, 1e-6), rel=1e-9)
   assert r.epsilon > _rdp_epsilon(_ROUNDS, 1e-4)
-  assert [e for _, e in r.epsilon_curve][9] == pytest.approx(_rdp_epsilon(10, 1e-6), rel=1e-4)
+  assert [e for _, e in r.epsilon_curve][9] == pytest.approx(_rdp_epsilon(10, 1e-6), rel=1e-9)
   assert r.final_eval == {'accuracy': 0.5} and r.final_eval_round == 50
   assert r.rounds_completed == 50 and r.label == 'adaptive'
   # An explicit delta overrides the paper's.
   assert tables.read_run(str(run), delta=1e-4).epsilon == pytest.approx(
-      _rdp_epsilon(_ROUNDS, 1e-4), rel=1e-4)
+      _rdp_epsilon(_ROUNDS, 1e-4), rel=1e-9)
 
 
 def test_build_tables_markdown_and_plots(tmp_path):

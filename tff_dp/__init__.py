@@ -3,13 +3,11 @@
 `tff_dp.run(tff_dp.ExperimentConfig(...))` runs a whole experiment (README, "Python API").
 Both are imported on first use, so `import tff_dp` stays cheap (no TensorFlow until `run`).
 
-Importing the package installs the worker-shutdown hook (see `tff_dp.runtime`), so any program
-that uses our aggregators or processes leaves no TFF `worker_binary` behind.
+Importing the package changes nothing process-wide. `run` makes sure no TFF `worker_binary`
+outlives the program (`tff_dp.runtime.manage_workers()`); a pipeline that uses only the
+aggregators makes that one call itself (README, "Using the aggregators in your own TFF
+pipeline").
 """
-
-from tff_dp import runtime as _runtime
-
-_runtime.install_shutdown_hooks()
 
 __version__ = '0.1.0'
 __all__ = ['ExperimentConfig', 'run']

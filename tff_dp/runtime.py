@@ -267,6 +267,17 @@ class _SubprocessWithWorkerPopen:
     return getattr(subprocess, name)
 
 
+def manage_workers() -> None:
+  """The one call a program using TFF through this package makes (`tff_dp.run`, the command
+  lines and the tests make it; a pipeline that uses only our aggregators makes it itself): no
+  TFF worker_binary outlives this process, at exit, on SIGTERM or on SIGKILL
+  (`install_shutdown_hooks` and `bind_workers_to_this_process`). Importing the package does
+  neither, since both change the whole process (an exit hook, a SIGTERM handler, TFF's
+  subprocess module). Idempotent."""
+  install_shutdown_hooks()
+  bind_workers_to_this_process()
+
+
 def bind_workers_to_this_process() -> None:
   """Every worker_binary TFF starts from now on dies with this process, even on SIGKILL."""
   # pylint: disable=g-import-not-at-top

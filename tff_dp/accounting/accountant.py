@@ -305,7 +305,7 @@ class LedgerAccountant:
     self._rdp_cache: 'collections.OrderedDict[dp_accounting.DpEvent, np.ndarray]' = (
         collections.OrderedDict())
     # Every record composed so far (a re-executed seeded round is merged into its first).
-    self._records: List[ledger.RoundRecord] = []
+    self._composed = _Composed()
     self._num_records = 0
     self._reset()
 
@@ -355,18 +355,12 @@ class LedgerAccountant:
     if not isinstance(record, ledger.RoundRecord):
       raise errors.UserInputError(f'add expects a RoundRecord, got {type(record).__name__}.')
     self._num_records += 1
-    earlier = self._same_sample(record)
-    if earlier is None:
-      self._records.append(record)
+    if not self._composed.add(record):
       self._compose(record)
       return
-    self._records[earlier] = merged_reexecution(self._records[earlier], record)
     self._reset()
-    for r in self._records:
+    for r in self._composed.records:
       self._compose(r)
-
-  def _same_sample(self, record: ledger.RoundRecord) -> Optional[int]:
-    return same_sample_index(self._records, record)
 
   def _compose(self, record: ledger.RoundRecord) -> None:
     if record.tree_leaf is not None:
@@ -402,7 +396,7 @@ class LedgerAccountant:
       raise errors.UserInputError(
           f'Round {record.round_num} is tree aggregation (DP-FTRL), accounted under '
           f'neighboring relation {TREE_RELATION} only; use {TREE_RELATION}.')
-    if len(self._records) > 1 and self._tree is None:
+    if len(self._composed.records) > 1 and self._tree is None:
       raise errors.UserInputError(f'Round {record.round_num} is tree aggregation in a ledger '
                                   'of Gaussian rounds; one ledger holds one mechanism.')
     if self._tree is None:
@@ -486,7 +480,7 @@ class LedgerAccountant:
       trial._non_private = self._non_private
       trial._tree = copy.deepcopy(self._tree)
       trial._num_records = self._num_records
-      trial._records = list(self._records)
+      trial._composed = self._composed.copy()
       # pylint: enable=protected-access
       trial.add(record)
       return trial.epsilon_rdp()
@@ -497,28 +491,38 @@ class LedgerAccountant:
     trial.add(record)
     return trial.epsilon_pld()
 
-def same_sample_index(earlier: Sequence[ledger.RoundRecord],
-                      record: ledger.RoundRecord) -> Optional[int]:
-  """Index in `earlier` of the record whose sample `record` drew again (a re-executed round of
-  seeded sampling, see `LedgerAccountant.add`), or None: `record` is a sample of its own."""
-  if not record.sampling.seeded or record.tree_leaf is not None:
-    return None
-  for i in range(len(earlier) - 1, -1, -1):
-    if earlier[i].round_num == record.round_num:
-      return i if earlier[i].sampling == record.sampling else None
-  return None
+class _Composed:
+  """Records composed so far, a re-executed seeded round merged into its first execution
+  (`LedgerAccountant.add`), with each round's latest record found in O(1)."""
+
+  def __init__(self):
+    self.records: List[ledger.RoundRecord] = []
+    self._last_of_round: Dict[int, int] = {}
+
+  def add(self, record: ledger.RoundRecord) -> bool:
+    """Adds `record`; True if it was merged into an earlier record of the same sample."""
+    i = self._last_of_round.get(record.round_num)
+    if (i is not None and record.sampling.seeded and record.tree_leaf is None
+        and self.records[i].sampling == record.sampling):
+      self.records[i] = merged_reexecution(self.records[i], record)
+      return True
+    self._last_of_round[record.round_num] = len(self.records)
+    self.records.append(record)
+    return False
+
+  def copy(self) -> '_Composed':
+    """An independent copy (the records themselves are immutable and shared)."""
+    other = _Composed()
+    other.records, other._last_of_round = list(self.records), dict(self._last_of_round)
+    return other
 
 
 def merged_records(records: Sequence[ledger.RoundRecord]) -> List[ledger.RoundRecord]:
   """`records` with every re-executed seeded round merged into its first execution."""
-  out: List[ledger.RoundRecord] = []
+  composed = _Composed()
   for record in records:
-    i = same_sample_index(out, record)
-    if i is None:
-      out.append(record)
-    else:
-      out[i] = merged_reexecution(out[i], record)
-  return out
+    composed.add(record)
+  return composed.records
 
 
 def merged_reexecution(first: ledger.RoundRecord,

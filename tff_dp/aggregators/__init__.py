@@ -7,10 +7,9 @@ from typing import Optional
 
 from tff_dp import choices
 from tff_dp import noise_budget
-from tff_dp import runtime
 from tff_dp.aggregators.adaptive import AdaptiveClipGaussianFactory
 from tff_dp.aggregators.fixed import FixedClipGaussianFactory
-from tff_dp.aggregators.fixed import ReportingDPFactory
+from tff_dp.aggregators.reporting import ReportingDPFactory
 from tff_dp.aggregators.ftrl import FtrlFactory
 from tff_dp.aggregators.ftrl_adaptive import FtrlAdaptiveFactory
 from tff_dp.aggregators.joint import JointClipFactory
@@ -19,9 +18,6 @@ from tff_dp.aggregators.privacy_queries import MEASUREMENT_KEY
 from tff_dp.aggregators.privacy_queries import find_privacy_queries
 from tff_dp.aggregators.privacy_queries import find_tree_leaf
 from tff_dp.errors import UserInputError
-
-# A program using our aggregators leaves no TFF worker behind, even when it is SIGKILLed.
-runtime.bind_workers_to_this_process()
 
 
 def _fixed(clip, noise, adaptive, noise_allocation, extra):

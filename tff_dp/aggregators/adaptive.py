@@ -17,7 +17,7 @@ from tff_dp import noise_budget
 from tff_dp.aggregators import estimate_floor
 from tff_dp.aggregators import privacy_queries
 from tff_dp.aggregators import quantile_clipping
-from tff_dp.aggregators.fixed import ReportingDPFactory
+from tff_dp.aggregators.reporting import ReportingDPFactory
 
 
 def _quantile_tuples(quantile_state):

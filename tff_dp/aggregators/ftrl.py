@@ -18,7 +18,7 @@ import tensorflow_privacy as tfp
 from tff_dp.aggregators import groups as groups_lib
 from tff_dp.aggregators import tree_aggregation
 from tff_dp.aggregators import fixed
-from tff_dp.aggregators.fixed import ReportingDPFactory
+from tff_dp.aggregators.reporting import ReportingDPFactory
 
 
 class FtrlFactory(tff.aggregators.UnweightedAggregationFactory):

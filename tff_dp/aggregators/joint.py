@@ -25,7 +25,7 @@ from tff_dp.aggregators import estimate_floor
 from tff_dp.aggregators import groups as groups_lib
 from tff_dp.aggregators import privacy_queries
 from tff_dp.aggregators import quantile_clipping
-from tff_dp.aggregators.fixed import ReportingDPFactory
+from tff_dp.aggregators.reporting import ReportingDPFactory
 from tff_dp.errors import UserInputError
 
 JointState = collections.namedtuple('JointState', ['sum_state', 'scales', 'estimator_state'])

@@ -53,6 +53,7 @@ def run(cfg: ExperimentConfig, *, log=print,
   receives the console lines; `stop`: see `tff_dp.training.experiment.run`.
   """
   cfg.validate()
+  runtime.manage_workers()   # No TFF worker outlives the program, whatever ends it.
   with _quiet_logs():
     configure_execution(cfg)
     return experiment.run(cfg, load_task(cfg), log=log, stop=stop)
