@@ -199,7 +199,8 @@ def _check_writable(root: str) -> None:
   while not os.path.exists(existing):
     existing = os.path.dirname(existing)
   if not os.path.isdir(existing):
-    raise UserInputError(f'`root_output_dir` {root}: {existing} is not a directory')
+    raise UserInputError(f'`root_output_dir` {root} is not writable: {existing} is a file, '
+                         'not a directory')
   if not os.access(existing, os.W_OK | os.X_OK):
     raise UserInputError(f'`root_output_dir` {root} is not writable: {existing} refuses '
                          'writes (permission denied)')
