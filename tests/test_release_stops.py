@@ -118,3 +118,25 @@ def test_delta_at_or_above_one_over_population_is_refused_before_anything_is_wri
   with pytest.raises(errors.UserInputError, match='1/population'):
     _run(task, tmp_path, 'delta', delta=0.05)
   assert os.listdir(tmp_path) == []
+
+
+def test_max_epsilon_prediction_holds_whatever_last_bits_the_next_round_gets():
+  # Adaptive clipping: the next round's stddev is float32(z * clip_next) for a new float32 clip,
+  # so stddev / clip moves in its last bits. The prediction must not be below what runs.
+  import numpy as np
+  from tff_dp.training import loop
+  z = np.float32(1.1547005)
+  last = (ledger_lib.GaussianSumQuery('update', np.float32(0.31), np.float32(0.31) * z),)
+  predicted = loop.next_round_bound(last)
+  worst = 1.0
+  for clip in np.float32(0.3) + np.arange(2000, dtype=np.float32) * np.float32(1e-5):
+    # The ratio the next round could run with, computed as float32 does it.
+    worst = min(worst, float(np.float32(clip) * z) / float(clip) / float(z))
+  ratio = predicted[0].noise_stddev / predicted[0].l2_norm_clip / float(z)
+  assert ratio <= worst   # Less noise than any next round: an upper bound on its epsilon.
+  # dp_accounting: one more round at the bound's multiplier is at least the worst real one.
+  def eps(multiplier):
+    acc = dp_accounting.rdp.RdpAccountant()
+    acc.compose(dp_accounting.PoissonSampledDpEvent(Q, dp_accounting.GaussianDpEvent(multiplier)))
+    return acc.get_epsilon(DELTA)
+  assert eps(float(z) * ratio) >= eps(float(z) * worst)

@@ -151,11 +151,13 @@ class _Rounds:
                                                self.progress, self.c.log)
 
   def _predicted_epsilon(self, round_num: int) -> Optional[float]:
-    """Epsilon after `round_num` if its mechanism matches the last executed (or planned) one."""
+    """Epsilon after `round_num` if its mechanism matches the last executed (or planned) one:
+    the planned tuples of round 1 are exact; later, the last round's tuples with less noise
+    (`next_round_bound`), since the next clip's float32 tuple can differ in its last bits."""
     c = self.c
     if c.accountant is None:
       return None
-    queries = (self.last_record.queries if self.last_record is not None
+    queries = (next_round_bound(self.last_record.queries) if self.last_record is not None
                else tuple(c.planned_queries))
     if not queries:
       return None
@@ -330,6 +332,21 @@ class _Rounds:
     if checkpoint_now:
       progress.checkpointed = round_num
     c.log(report.console_line(row, config.total_rounds))
+
+
+# How much less noise, relative, the prediction of the next round assumes: float32 computes each
+# round's noise stddev as z * clip from the round's clip, so the next round's stddev / clip
+# differs from the last round's by at most two float32 roundings (2 * 2^-24 ~ 1.2e-7); 1e-6
+# covers that with margin, and less noise can only raise epsilon.
+PREDICTION_MARGIN = 1e-6
+
+
+def next_round_bound(queries) -> tuple:
+  """`queries` with each noise stddev lowered by PREDICTION_MARGIN: a `max_epsilon` prediction
+  of the next round that holds whatever last bits its float32 tuples get."""
+  return tuple(ledger_lib.GaussianSumQuery(q.name, q.l2_norm_clip,
+                                           q.noise_stddev * (1.0 - PREDICTION_MARGIN))
+               for q in queries)
 
 
 def _add_training_metrics(metrics, row: dict[str, Any]) -> None:
