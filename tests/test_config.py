@@ -143,3 +143,12 @@ def test_the_run_name_defaults_to_task_dp_and_time():
   assert cfg.output.experiment_name is None
   name = cfg.with_run_name().output.experiment_name
   assert name.startswith('emnist-none-') and len(name) == len('emnist-none-20261123-180000')
+
+
+def test_the_flag_reference_is_current():
+  """docs/FLAGS.md is generated from the config's fields (issue 26): regenerate it with the
+  command at its top when a setting changes."""
+  from tff_dp.training import config_flags   # pylint: disable=g-import-not-at-top
+  from run_helpers import REPO   # pylint: disable=g-import-not-at-top
+  with open(os.path.join(REPO, 'docs', 'FLAGS.md')) as f:
+    assert f.read() == config_flags.markdown_reference()

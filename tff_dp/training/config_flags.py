@@ -134,3 +134,27 @@ def help_text(flag_values: flags.FlagValues) -> str:
     body = flag_values.module_help(section).strip('\n')
     blocks.append(f'{section}: {title}\n' + '\n'.join(body.splitlines()[1:]))
   return cli_flags.as_flags('\n\n'.join(blocks), flag_values)
+
+
+def markdown_reference() -> str:
+  """docs/FLAGS.md: every setting (flag, default, help), by section, from the config's fields
+  (tests/test_config.py checks the file equals this, so it never goes stale)."""
+  lines = ['# Flags of `run_experiment.py` (settings of `tff_dp.ExperimentConfig`)', '',
+           'Generated from `tff_dp/training/config.py` by',
+           '`python -c "from tff_dp.training import config_flags; '
+           'print(config_flags.markdown_reference(), end=\'\')" > docs/FLAGS.md`.',
+           'Each flag is also a keyword of `ExperimentConfig.from_settings` and a key of a run\'s',
+           'config.json; "resume" marks the settings a resumed run may change.', '']
+  for section, fields in config_lib.fields_by_section().items():
+    title = (config_lib.SECTIONS[section].__doc__ or '').strip().splitlines()[0]
+    lines += [f'## {section}: {title}', '', '| flag | default | resume | meaning |',
+              '| --- | --- | --- | --- |']
+    for field in fields:
+      default = (field.default if field.default is not dataclasses.MISSING
+                 else field.default_factory())
+      text = ' '.join(_flag_help(field).split()).replace('|', '\\|')
+      lines.append(f'| `--{config_lib.setting_name(field)}` | `{default!r}` | '
+                   f'{"yes" if field.metadata.get("resumable") else ""} | {text} |')
+    lines.append('')
+  return '\n'.join(lines)
+
