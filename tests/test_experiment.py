@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import tasks
-from tasks import synthetic_data
 from tff_dp import ledger as ledger_lib
 from tff_dp.errors import UserInputError
 from tff_dp.training import config as config_lib
@@ -18,11 +17,8 @@ from run_helpers import metrics_rows
 
 
 @pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp('cache'))
-  synthetic_data.write_stackoverflow_cache(path, num_train_clients=20, examples_per_client=8,
-                                           seed=1, vocab_size=200, num_tags=30, num_topics=5)
-  return path
+def data_dir(tag_data_dir):
+  return tag_data_dir   # conftest: 20 generated training clients.
 
 
 def _task(data_dir):
