@@ -52,6 +52,7 @@ def _refused(args):
     (['--precondition=client', '--side_info=file:/nonexistent.npy'], 'nonexistent'),
     (['--max_train_clients=3'], '--clients_per_round'),
     (['--delta=0.5'], '--delta'),
+    (['--eval_data=holdout', '--eval_holdout_clients=100'], '--eval_holdout_clients'),
     (['--embedded_data_dir=/proc/nope'], '--embedded_data_dir'),   # Was a traceback.
 ])
 def test_refused_new_runs_write_nothing(extra, named, tag_data_dir, tmp_path):

@@ -280,8 +280,8 @@ def hold_out(client_ids: Sequence[Hashable], count: int, key: bytes
   order), so a resume holds out the same clients; unpredictable without the key."""
   ids = _check_population(client_ids)
   if not 1 <= count < len(ids):
-    raise errors.UserInputError(f'`eval_holdout_clients={count}` must be in [1, {len(ids)}) '
-                                f'(the {len(ids)} training clients)')
+    raise errors.UserInputError(f'`eval_holdout_clients={count}` must be in [1, {len(ids)}): '
+                                f'held out from {len(ids)} clients (those with test data)')
   values = [hashlib.blake2b(str(cid).encode('utf-8'), key=key, digest_size=16).digest()
             for cid in ids]
   chosen = set(np.argsort(np.array(values, dtype=object), kind='stable')[:count].tolist())
