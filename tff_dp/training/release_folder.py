@@ -32,8 +32,9 @@ _COPIED = ('metrics.csv', 'ledger.jsonl', 'summary.json', 'uncertainty.json')
 
 def write(run_path: str, facts: release.RunFacts,
           models: Mapping[str, Sequence[np.ndarray]], evaluator) -> str:
-  """Writes RUN_DIR/release/ anew; returns its path. Raises if a file it would copy is not
-  covered for this run (the classification is the rule, this function only follows it)."""
+  """Writes RUN_DIR/release/ anew; returns its path. Copies only the files the classification
+  calls covered for this run and leaves the others out (e.g. uncertainty.json when evaluation
+  is on protected users): the classification is the rule, this function only follows it."""
   out = os.path.join(run_path, release.RELEASE_DIR)
   if os.path.exists(out):
     shutil.rmtree(out)   # A resumed run that finishes again releases its final state.
