@@ -17,7 +17,7 @@ setup: $(STAMP)
 # The lock is the complete environment, installed with --no-deps: TFF and tensorflow-privacy
 # require `tensorflow`, which would pull in the GPU build beside the lock's tensorflow-cpu (same
 # files, CUDA/cuDNN errors on CPU-only machines). A GPU `tensorflow` of an older install is
-# removed first, since both builds write the same package directory (README "GPU").
+# removed first, since both builds write the same package directory (docs/INSTALL.md, "GPU").
 $(STAMP): requirements/lock.txt setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip==23.3.2
@@ -32,7 +32,7 @@ $(STAMP): requirements/lock.txt setup.py
 # format: 2,000 writers, 200 of them held out for evaluation (covered by the guarantee: they are
 # not in the population), 100 expected per round among the other 1,800 (Poisson), z = 0.7, 30
 # rounds, EMA + past-3 aggregates. About 2 minutes on 2 cores; prints one line per round and the
-# run's privacy statement (README, "Quick start", for its numbers).
+# run's privacy statement (README, "Quick start").
 DEMO_DATA ?= data_cache/demo-emnist-2000
 DEMO_FLAGS ?= --task=emnist --data_dir=$(DEMO_DATA) --dp=adaptive --clip=0.1 \
 	--noise_multiplier=0.7 --clients_per_round=100 --total_rounds=30 \

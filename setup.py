@@ -3,7 +3,7 @@
 Dependencies are pinned in requirements/lock.txt and installed by `make setup`; TFF 0.87.0 itself
 must be installed with --no-deps (its jaxlib==0.4.14 pin is unavailable; see BUILD_NOTES.md), so
 it is deliberately not listed in install_requires. Nor are TensorFlow (the CPU build
-tensorflow-cpu by default, the GPU build `tensorflow` on request: README "GPU"; pip cannot
+tensorflow-cpu by default, the GPU build `tensorflow` on request: docs/INSTALL.md "GPU"; pip cannot
 express "either") and tensorflow-privacy (it requires `tensorflow`, which would pull in the GPU
 build); both come from the lock.
 """

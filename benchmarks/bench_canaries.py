@@ -7,7 +7,7 @@ and as many unseen canaries, at each noise multiplier of `--noise`; and once mor
 canaries at `--utility_noise`, to show what the canaries cost in accuracy (they take part of each
 round's clients). Every run goes through `tff_dp.run(config)`, as a user's would.
 
-Printed (markdown, for the README):
+Printed (markdown, for docs/PRIVACY.md):
 * per run: proven epsilon (RDP, PLD; from the run's accountant at delta), the canary estimates
   (final model, all iterates) at the same delta, and the final eval accuracy;
 * bookkeeping: the median over rounds of `canary_seconds` (coordinator: reading the model,

@@ -11,7 +11,7 @@ coordinator), its TFF `worker_binary`, and their sum at the same instant.
 `--max_concurrent CLIENTS:CAP,...` passes `--max_concurrent_computation_calls=CAP` to the cells
 with that many clients per round, and `--client_slices CLIENTS:K,...` passes `--client_slices=K`
 (the two memory bounds for large rounds; a cap of 100 at 500 EMNIST clients left TFF's worker
-idle and the round never finished, see BUILD_NOTES.md, so slices are the bound that works). One
+idle and the round never finished, see docs/ENGINEERING_NOTES.md, so slices are the bound that works). One
 vs two loopback workers is measured by `bench_workers.py` (each worker pinned to its own core).
 Usage: python benchmarks/bench_scaling.py [--clients 10,100,500] [--tasks emnist,stackoverflow_word]
            [--total_rounds 3] [--max_concurrent 500:100] [--client_slices 500:5]

@@ -1,5 +1,5 @@
 """Every benchmark runs at its smallest settings (`--smoke`, issue 25), so none breaks unseen:
-a README figure can always be measured again. Each runs as a user runs it (its own process);
+a figure of docs/BENCHMARKS.md can always be measured again. Each runs as a user runs it (its own process);
 its numbers at these settings mean nothing and are not checked, only that it completes and
 prints its table."""
 

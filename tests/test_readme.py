@@ -1,5 +1,6 @@
-"""The README's Python blocks run exactly as printed (issue 25): every name they use is defined
-in the block itself; the first trains on the embedded data in a temporary directory."""
+"""The Python blocks of the README and of docs/ run exactly as printed (issue 25): every name
+they use is defined in the block itself; the README's trains on the embedded data in a temporary
+directory, docs/PYTHON_API.md's pipeline accounts eight DP-FTRL rounds."""
 
 import os
 import re
@@ -16,32 +17,43 @@ from run_helpers import tagged_env
 from run_helpers import tagged_workers
 
 
-def _python_blocks():
-  with open(os.path.join(REPO, 'README.md')) as f:
-    return re.findall(r'```python\n(.*?)```', f.read(), flags=re.S)
+PAGES = ('README.md', 'docs/PYTHON_API.md')
 
 
-def test_the_readme_has_python_blocks():
-  assert len(_python_blocks()) >= 2
+def _python_blocks() -> list[tuple[str, str]]:
+  """[(page, block)] for every ```python block of PAGES."""
+  blocks = []
+  for page in PAGES:
+    with open(os.path.join(REPO, page)) as f:
+      blocks += [(page, b) for b in re.findall(r'```python\n(.*?)```', f.read(), flags=re.S)]
+  return blocks
+
+
+def test_the_pages_have_their_python_blocks():
+  pages = [page for page, _ in _python_blocks()]
+  assert pages.count('README.md') == 1 and pages.count('docs/PYTHON_API.md') >= 2
 
 
 @pytest.mark.parametrize('index', range(len(_python_blocks())))
-def test_readme_python_block_runs_as_printed(index, tmp_path, monkeypatch):
+def test_python_block_runs_as_printed(index, tmp_path, monkeypatch):
+  page, block = _python_blocks()[index]
   monkeypatch.chdir(tmp_path)   # runs/ and the embedded data go here.
   with captured_stdout() as out:
-    exec(compile(_python_blocks()[index], f'README.md python block {index}', 'exec'), {})
+    exec(compile(block, f'{page} python block {index}', 'exec'), {})
   printed = out.getvalue()
   assert len(printed) < 4000, printed[:500]   # No 23 KB of weights.
-  if 'tff_dp.run(' in _python_blocks()[index]:
+  if 'tff_dp.run(' in block:
     assert 'RunSummary(rounds_completed=3' in printed and 'user-level' in printed
     assert os.path.exists(tmp_path / 'runs' / 'so1' / 'summary.json')
-  else:
+  elif 'build_unweighted_fed_avg' in block:
     assert re.search(r'epsilon \d+\.\d+ at delta 1e-3 after 8 rounds', printed), printed
+  else:
+    assert "DPConfig(kind='adaptive', clip=1.0" in printed, printed
 
 
 @pytest.mark.slow
 def test_the_pipeline_block_as_a_program_leaves_no_worker(tmp_path):
-  block = next(b for b in _python_blocks() if 'build_unweighted_fed_avg' in b)
+  block = next(b for _, b in _python_blocks() if 'build_unweighted_fed_avg' in b)
   env, tag = tagged_env()
   done = subprocess.run([sys.executable, '-c', block], cwd=tmp_path, env=env,
                         capture_output=True, text=True, timeout=600)

@@ -371,7 +371,7 @@ def test_a_run_made_with_other_settings_is_not_reused(tmp_path):
 
 @pytest.mark.slow
 def test_a_second_seed_runs_and_is_tabulated_beside_the_first(one_arm_per_table, tmp_path):
-  """The README's recipe for more seeds, for real: the seed-0 run (the smoke tables' EMNIST
+  """The recipe for more seeds (docs/RUNNING.md), for real: the seed-0 run (the smoke tables' EMNIST
   run, copied: reproduce.py finds it finished), then --extra_flags=--seed=1 trains a second run
   and the table shows both and their mean ± sd."""
   import shutil  # pylint: disable=g-import-not-at-top

@@ -1,11 +1,11 @@
 """tff_dp: user-level differentially private federated learning on TensorFlow Federated.
 
-`tff_dp.run(tff_dp.ExperimentConfig(...))` runs a whole experiment (README, "Python API").
+`tff_dp.run(tff_dp.ExperimentConfig(...))` runs a whole experiment (docs/PYTHON_API.md).
 Both are imported on first use, so `import tff_dp` stays cheap (no TensorFlow until `run`).
 
 Importing the package changes nothing process-wide. `run` makes sure no TFF `worker_binary`
 outlives the program (`tff_dp.runtime.manage_workers()`); a pipeline that uses only the
-aggregators makes that one call itself (README, "Using the aggregators in your own TFF
+aggregators makes that one call itself (docs/PYTHON_API.md, "Using the aggregators in your own TFF
 pipeline").
 """
 

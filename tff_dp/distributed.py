@@ -16,7 +16,7 @@
 A FedAvg round with our DP aggregators has one logical aggregation (the noised sum, the
 clipped-count sum and the metric sums are parallel), which is what the mergeable form needs;
 the DP state (adaptive clip) is carried on the coordinator like any server state. TFF 0.87 has no
-C++ composing or multi-channel remote stack; see BUILD_NOTES.md.
+C++ composing or multi-channel remote stack; see docs/ENGINEERING_NOTES.md.
 
 Faults: TFF retries a worker's UNAVAILABLE error forever and sets no gRPC deadline, so a dead
 worker would hang the round. Our stub gives up after `unavailable_timeout` seconds of

@@ -33,7 +33,7 @@ _installed = False
 # rebuilds a per-cardinality executor almost every round (Poisson sampling), so blocks freed in
 # one arena are not reused by the next round's allocations in another and every arena keeps its
 # high-water mark: worker RSS grew ~0.9 MiB/round over 500 EMNIST rounds (issue 13, see
-# BUILD_NOTES.md "Memory over long runs"). Two arenas halve that growth (0.46 MiB/round) and
+# docs/ENGINEERING_NOTES.md "Memory over long runs"). Two arenas halve that growth (0.46 MiB/round) and
 # lower the worker's RSS by 300-500 MiB.
 DEFAULT_WORKER_ENV = {'MALLOC_ARENA_MAX': '2'}
 _worker_env: dict[str, str] = dict(DEFAULT_WORKER_ENV)
@@ -130,7 +130,7 @@ def restart_local_worker() -> bool:
   """Replaces the local worker_binary by a fresh one, between two computations.
 
   Why: the worker's RSS still creeps up by ~0.3-0.5 MiB per round with two malloc arenas
-  (fragmentation of its main heap, BUILD_NOTES.md "Memory over long runs"), ~0.7 GB over a
+  (fragmentation of its main heap, docs/ENGINEERING_NOTES.md "Memory over long runs"), ~0.7 GB over a
   1500-round run. A fresh process returns all of it, so restarting every N rounds bounds the
   worker's memory whatever the cause. Results are unchanged: a TFF call's results are
   materialized Python values and the worker holds no state between calls. The next computation

@@ -5,7 +5,7 @@ add tree-aggregation noise of per-node stddev `noise_multiplier * clip`, divide 
 `clients_per_round`), reporting the executed tuples (Contract 1). Its output each round is the
 residual noised(s_t) - noised(s_{t-1}) of the noised prefix sums s_t of the clipped sums
 (`tfp.TreeResidualSumQuery.get_noised_result`: `sample + tree_noise_t - previous_tree_noise`),
-so the server optimizer consumes it like any mean update (BUILD_NOTES.md: how that is the FTRL
+so the server optimizer consumes it like any mean update (docs/ENGINEERING_NOTES.md: how that is the FTRL
 update). With `rounds_per_epoch` the tree also restarts after every epoch (tree_aggregation.py);
 without it this is TFF's factory itself.
 """

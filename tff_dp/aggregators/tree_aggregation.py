@@ -13,7 +13,7 @@ check the outputs against those classmethods bit for bit). Three things are ours
   * The noise seed. tfp seeds the tree's Gaussian generator from the clock when no seed is
     given (a microsecond timestamp: guessable, and with it all the noise); we draw it from the
     OS CSPRNG instead. The seed, like the tree's buffered noise, lives in the aggregator state,
-    so checkpoints of a DP-FTRL run hold secrets (see BUILD_NOTES.md).
+    so checkpoints of a DP-FTRL run hold secrets (see docs/ENGINEERING_NOTES.md, "DP-FTRL").
   * The measurement: `privacy_queries` (Contract 1) with the per-node noise stddev, and
     `tree_aggregation/leaf`, this round's 1-based position in its tree, read from the
     pre-round tree state (1: the round starts a new tree, i.e. a restart happened before it).
