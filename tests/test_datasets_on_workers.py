@@ -13,6 +13,7 @@ import tasks
 from tasks import synthetic_data
 from tff_dp import ledger as ledger_lib
 from tff_dp.errors import UserInputError
+from tff_dp.training import build_process
 from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
 from test_tasks import ODD_IDS
@@ -37,7 +38,7 @@ def test_dataset_computation_reads_exactly_its_rows_for_any_id(tmp_path):
   computation = task.train_dataset_computation
   assert str(computation.type_signature.parameter) == 'str'
   for cid in ODD_IDS:
-    on_worker = _elements(computation(experiment.client_id_argument(cid)))
+    on_worker = _elements(computation(build_process.client_id_argument(cid)))
     # What the coordinator builds and serializes into the round in the default mode.
     _assert_same_elements(on_worker, _elements(task.train_dataset_for_client(cid)))
     # Against sqlite3 with bound parameters: the client's examples exactly (the seeded shuffle
@@ -149,7 +150,7 @@ def test_task_without_a_dataset_computation_is_a_user_error():
   class Task:   # A duck-typed task without `train_dataset_computation`.
     name = 'plain'
   with pytest.raises(UserInputError, match='`datasets_on_workers`'):
-    experiment._with_datasets_on_workers(object(), Task())  # pylint: disable=protected-access
+    build_process._with_datasets_on_workers(object(), Task())  # pylint: disable=protected-access
 
 
 @pytest.mark.slow

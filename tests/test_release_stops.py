@@ -15,6 +15,7 @@ from tff_dp import errors
 from tff_dp import ledger as ledger_lib
 from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
+from tff_dp.training import privacy_recorder
 from tff_dp.training import stop_signal
 from run_helpers import metrics_rows
 
@@ -124,10 +125,9 @@ def test_max_epsilon_prediction_holds_whatever_last_bits_the_next_round_gets():
   # Adaptive clipping: the next round's stddev is float32(z * clip_next) for a new float32 clip,
   # so stddev / clip moves in its last bits. The prediction must not be below what runs.
   import numpy as np
-  from tff_dp.training import loop
   z = np.float32(1.1547005)
   last = (ledger_lib.GaussianSumQuery('update', np.float32(0.31), np.float32(0.31) * z),)
-  predicted = loop.next_round_bound(last)
+  predicted = privacy_recorder.next_round_bound(last)
   worst = 1.0
   for clip in np.float32(0.3) + np.arange(2000, dtype=np.float32) * np.float32(1e-5):
     # The ratio the next round could run with, computed as float32 does it.

@@ -3,20 +3,25 @@ statistics over rounds and the estimates the loop reports (issue 16; `tff_dp.can
 
 The K inserted canaries are clients of the population like any other: the sampler draws them
 (so N, q and the ledger count them) and the round's aggregator clips and noises their updates.
-A canary's id is a `CanaryId`; the loop reads real clients' data for the other ids and asks
-`round_values` for the whole round's client values. The directions' key lives in a file under
-secret/ (`KEY_FILE`, owner-readable, like the shuffled sampler's key); the tracker's
-statistics go into the checkpoint (`tracker.get_state()`).
+A canary's id is a `CanaryId`; `CanaryRun` is the run's round hook (`round_hooks`): it keeps
+canary ids out of the data the loop reads, gives the whole round's client values, observes each
+round's model change and reports the estimates on evaluation rounds and in the privacy
+statement. The directions' key lives in a file under secret/ (`KEY_FILE`, owner-readable, like
+the shuffled sampler's key); the tracker's statistics go into the checkpoint.
 """
 
 import dataclasses
+import time
 from typing import Any, Callable, Hashable, Optional, Sequence
 
 import numpy as np
 
 from tff_dp import canaries
+from tff_dp import checkpoint_aggregation as ca
 from tff_dp.canaries import insertion
 from tff_dp.training import metrics_file
+from tff_dp.training import privacy_statement
+from tff_dp.training import round_hooks
 
 KEY_FILE = 'canary_key'
 # metrics.csv columns of the two estimates (at the run's delta; post-processing of the released
@@ -38,30 +43,50 @@ def population(client_ids: Sequence[Hashable], num_canaries: int) -> list:
   return list(client_ids) + [CanaryId(k) for k in range(num_canaries)]
 
 
-class CanaryRun:
-  """The canaries of one run: `directions` (with the run's key or seed) and the dataset an
+# The checkpoint entry of the canary statistics.
+ENTRY = 'canaries'
+
+
+def _trainable(process, state) -> list[np.ndarray]:
+  """The trainable weights of the model in `state`, as numpy arrays."""
+  return [np.asarray(w) for w in ca.model_weights(process, state).trainable]
+
+
+class CanaryRun(round_hooks.RoundHook):
+  """The canaries of one run: `directions` (with the run's key or seed), the dataset an
   inserted canary trains on (`empty_dataset_fn()`: an empty dataset of the clients' element
-  type). `start(initial_trainable)` before the first round."""
+  type) and the run's delta (of the estimates)."""
 
   def __init__(self, directions: canaries.CanaryDirections,
-               empty_dataset_fn: Callable[[], Any]):
+               empty_dataset_fn: Callable[[], Any], delta: float = 1e-5):
     self.directions = directions
+    self.delta = delta
+    self._process = None
     self._empty_dataset_fn = empty_dataset_fn
     self._empty = None
     self._markers = insertion.markers(directions)
     self.tracker: Optional[canaries.CanaryTracker] = None
     self._previous: Optional[list[np.ndarray]] = None
 
-  @staticmethod
-  def split(client_ids: Sequence[Hashable]) -> tuple[list, list]:
+  def split_sample(self, client_ids: Sequence[Hashable]) -> tuple[list, list]:
     """(real client ids, canary ids) of a sample, each in the sample's order."""
     return ([i for i in client_ids if not isinstance(i, CanaryId)],
             [i for i in client_ids if isinstance(i, CanaryId)])
 
-  def start(self, initial_trainable: Sequence[Any]) -> None:
-    """A new run from these trainable weights (a resume then restores the tracker's state)."""
-    self.tracker = canaries.CanaryTracker(self.directions, initial_trainable)
-    self._previous = [np.asarray(w) for w in initial_trainable]
+  def start(self, process, state) -> None:
+    """A new run from `state` (a resume then restores the tracker's state)."""
+    self._process = process
+    initial = _trainable(process, state)
+    self.tracker = canaries.CanaryTracker(self.directions, initial)
+    self._previous = initial
+
+  def restore(self, loaded, process, state) -> None:
+    if loaded is not None:
+      self.tracker.set_state(loaded[ENTRY])
+    self.continue_from(_trainable(process, state))
+
+  def checkpoint_entries(self) -> dict[str, Any]:
+    return {ENTRY: self.tracker.get_state()}
 
   def continue_from(self, trainable: Sequence[Any]) -> None:
     """The next round starts from these trainable weights (after a resume or a restart from
@@ -76,6 +101,32 @@ class CanaryRun:
     return ([insertion.client_value(v, insertion.REAL) for v in real_values]
             + [insertion.client_value(self._empty, self._markers[cid.index])
                for cid in canary_ids])
+
+  def after_round(self, round_: round_hooks.Round) -> None:
+    """Adds the round's model change to the statistics; on evaluation rounds, the two
+    estimates at the run's delta."""
+    t0 = time.perf_counter()
+    end = _trainable(self._process, round_.trained_state)
+    self.observe_round(end)
+    if round_.state is not round_.trained_state:   # Restarted from a checkpoint aggregate.
+      self.continue_from(_trainable(self._process, round_.state))
+    if round_.is_eval:
+      round_.row.update(self.estimates(end, self.delta))
+    round_.row['canary_seconds'] = time.perf_counter() - t0   # The bookkeeping's cost.
+
+  def finish(self, report: round_hooks.FinalReport) -> None:
+    """The statement's empirical estimate of the final model (and of all iterates)."""
+    if report.final_state is None or not report.facts.dp:
+      return
+    tracker, delta = self.tracker, report.delta
+    trainable = _trainable(self._process, report.final_state)
+    estimates = {'final_model': (tracker.final_model_estimate(trainable, delta),
+                                 tracker.final_model_interval(trainable, delta)),
+                 'all_iterates': (tracker.all_iterates_estimate(delta),
+                                  tracker.all_iterates_interval(delta))}
+    report.statement['empirical_estimate'] = privacy_statement.empirical_estimate(
+        tracker.directions.num_inserted, tracker.directions.num_unseen,
+        {name: e for name, e in estimates.items() if e[0] is not None})
 
   def observe_round(self, end_trainable: Sequence[Any]) -> None:
     """Adds the round that ended at these trainable weights (the next starts from them)."""

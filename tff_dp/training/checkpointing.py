@@ -1,61 +1,53 @@
 """What a checkpoint of a run holds (its program-state layout), and saving and loading it.
 
-A checkpoint of round r holds the learning process state after round r, the checkpoint
-aggregates' states, the last-k model weights kept for the uncertainty report and, in a run with
-canaries, the canary statistics (`canaries.CanaryTracker.get_state`), so that a resumed run
-continues exactly where round r left it.
+A checkpoint of round r holds the learning process state after round r and each round hook's
+entries (`RoundHook.checkpoint_entries`: the checkpoint aggregates' states, the last-k model
+weights of the uncertainty report, the canary statistics), so that a resumed run continues
+exactly where round r left it. The entries follow `state` and `round_num` in the hooks' order.
 """
 
 import collections
 import dataclasses
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
+from tff_dp.training import round_hooks
 
-def program_state(state, round_num: int, aggregates: Mapping[str, Any], recent,
-                  canary_tracker=None) -> dict:
-  """The structure saved for round `round_num` (and the structure a load is matched to); the
-  `canaries` entry only in a run with canaries (checkpoints without them keep their layout)."""
-  saved = collections.OrderedDict(
-      state=state,
-      round_num=np.int64(round_num),
-      aggregates=collections.OrderedDict(
-          (name, agg.get_state()) for name, agg in aggregates.items()),
-      recent=list(recent),
-  )
-  if canary_tracker is not None:
-    saved['canaries'] = canary_tracker.get_state()
+
+def program_state(state, round_num: int, hooks: Sequence[round_hooks.RoundHook]) -> dict:
+  """The structure saved for round `round_num` (and the structure a load is matched to)."""
+  saved = collections.OrderedDict(state=state, round_num=np.int64(round_num))
+  for hook in hooks:
+    for key, value in hook.checkpoint_entries().items():
+      if key in saved:
+        raise ValueError(f'two round hooks checkpoint the entry {key!r}')
+      saved[key] = value
   return saved
 
 
-def load_latest(run_dir, initial_state, aggregates: Mapping[str, Any],
-                canary_tracker=None) -> Optional[dict]:
+def load_latest(run_dir, initial_state, hooks: Sequence[round_hooks.RoundHook]
+                ) -> Optional[dict]:
   """The latest checkpoint's program state (`program_state`'s keys), or None if none exists."""
-  loaded, _ = run_dir.load_latest_checkpoint(
-      program_state(initial_state, 0, aggregates, [], canary_tracker))
+  loaded, _ = run_dir.load_latest_checkpoint(program_state(initial_state, 0, hooks))
   return loaded
 
 
 @dataclasses.dataclass
 class Progress:
-  """The last completed round and what a checkpoint of it needs."""
+  """The last completed round, its state, and the last round with a checkpoint."""
   round_num: int
   state: Any
-  recent: Any            # collections.deque of the last-k model weights.
-  checkpointed: int      # The last round with a checkpoint.
-  canary_tracker: Any = None   # canaries.CanaryTracker of a run with canaries.
+  checkpointed: int
 
 
-def save(run_dir, round_num: int, state, aggregates: Mapping[str, Any], recent,
-         canary_tracker=None) -> None:
+def save(run_dir, round_num: int, state, hooks: Sequence[round_hooks.RoundHook]) -> None:
   """Checkpoints round `round_num` (raises on a failed write)."""
-  run_dir.save_checkpoint(program_state(state, round_num, aggregates, recent, canary_tracker),
-                          round_num)
+  run_dir.save_checkpoint(program_state(state, round_num, hooks), round_num)
 
 
-def save_completed_rounds(run_dir, aggregates: Mapping[str, Any], progress: Progress,
+def save_completed_rounds(run_dir, hooks: Sequence[round_hooks.RoundHook], progress: Progress,
                           log: Callable[[str], None]) -> bool:
   """Checkpoints the last completed round if it was not (so `resume` re-executes nothing);
   whether the last completed round is now checkpointed.
@@ -65,8 +57,7 @@ def save_completed_rounds(run_dir, aggregates: Mapping[str, Any], progress: Prog
   """
   if progress.round_num > progress.checkpointed:
     try:
-      save(run_dir, progress.round_num, progress.state, aggregates, progress.recent,
-           progress.canary_tracker)
+      save(run_dir, progress.round_num, progress.state, hooks)
       progress.checkpointed = progress.round_num
     except (OSError, tf.errors.OpError) as e:
       log(f'could not checkpoint round {progress.round_num} ({e}); `resume` restarts from '

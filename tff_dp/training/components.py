@@ -7,9 +7,10 @@ each other; `tff_dp.training.experiment.build_components` builds them from a con
 import dataclasses
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from tff_dp import ledger as ledger_lib
 from tff_dp.training import evaluation
+from tff_dp.training import privacy_recorder
 from tff_dp.training import release
+from tff_dp.training import round_hooks
 
 
 @dataclasses.dataclass
@@ -19,7 +20,6 @@ class LoopConfig:
   rounds_per_checkpoint: int = 1
   delta: float = 1e-5
   max_epsilon: Optional[float] = None
-  uncertainty_last_k: int = 0
   dp: str = 'adaptive'              # The DP aggregation kind; 'none' for no DP.
   # What the run's outputs are, privacy-wise (`release.RunFacts`: private_release among them).
   release_facts: release.RunFacts = dataclasses.field(default_factory=release.RunFacts)
@@ -44,15 +44,13 @@ class LoopComponents:
   run_dir: Any                                   # run_dir.RunDirectory (created)
   sampler: Any                                   # tff_dp.sampling sampler
   client_dataset_fn: Callable[[Any], Any]        # client id -> preprocessed tf.data.Dataset
-  evaluator: Optional[evaluation.CentralizedEvaluator]
-  ledger: Optional[ledger_lib.PrivacyLedger]
-  accountant: Any                                # tff_dp.accounting.LedgerAccountant or None
-  aggregates: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-  train_on_aggregate: Any = None                 # checkpoint_aggregation.TrainOnAggregate or None
-  # The queries round 1 will execute: what `max_epsilon` predicts from before any record exists
-  # (a resumed run whose ledger is still empty).
-  planned_queries: Sequence[ledger_lib.GaussianSumQuery] = ()
-  planned_tree_leaf: Optional[int] = None        # 1 for tree aggregation (DP-FTRL)
+  # The ledger and accountant (`privacy_recorder.PrivacyRecorder`), or `NO_DP`.
+  privacy: Any = privacy_recorder.NO_DP
+  # Features acting in every round, in order (`round_hooks.RoundHook`): checkpoint aggregates,
+  # evaluation, canaries, ...
+  hooks: Sequence[round_hooks.RoundHook] = ()
+  # Writes the models of a private release (`CentralizedEvaluator.save_model`); None: none.
+  evaluator: Optional[evaluation.CentralizedEvaluator] = None
   log: Callable[[str], None] = print
   # dataset -> reason it cannot be trained on, or None (see client_data.check_client_dataset).
   check_client_fn: Optional[Callable[[Any], Optional[str]]] = None
@@ -61,7 +59,6 @@ class LoopComponents:
   # (client id, checked dataset) -> what `process.next` receives for an accepted client; None:
   # the dataset. The id when `process` builds the datasets on the workers.
   client_value_fn: Optional[Callable[[Any, Any], Any]] = None
-  canaries: Any = None                           # canary_run.CanaryRun, or None (no canaries)
 
 
 @dataclasses.dataclass

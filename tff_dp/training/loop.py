@@ -6,7 +6,6 @@ Resuming is `resume.py`, the checkpoint layout `checkpointing.py`, the console l
 final report `report.py`.
 """
 
-import collections
 import contextlib
 import dataclasses
 import time
@@ -16,9 +15,7 @@ import numpy as np
 
 from tff_dp import checkpoint_aggregation as ca
 from tff_dp import errors
-from tff_dp import ledger as ledger_lib
 from tff_dp import runtime
-from tff_dp.aggregators import privacy_queries as privacy_queries_lib
 from tff_dp.training import checkpointing
 from tff_dp.training import client_data as client_data_lib
 from tff_dp.training import components
@@ -26,6 +23,7 @@ from tff_dp.training import evaluation
 from tff_dp.training import release
 from tff_dp.training import report
 from tff_dp.training import resume
+from tff_dp.training import round_hooks
 from tff_dp.training import run_dir as run_dir_lib
 from tff_dp.training import stop_signal
 
@@ -36,7 +34,7 @@ def run_training(config: components.LoopConfig, c: components.LoopComponents,
 
   `stop`: an installed StopSignal (None: one is installed for the duration of training).
   """
-  progress, last_record = _start(config, c)
+  progress = _start(c)
   client_data = client_data_lib.ClientDatasets(
       c.client_dataset_fn, config.client_cache_size, config.prefetch_clients,
       check_fn=c.check_client_fn, value_fn=c.client_value_fn)
@@ -45,47 +43,27 @@ def run_training(config: components.LoopConfig, c: components.LoopComponents,
       stop = stack.enter_context(stop_signal.StopSignal(c.log))
     stop.rounds_started = True
     try:
-      ending = _Rounds(config, c, client_data, stop, progress, last_record).run()
+      ending = _Rounds(config, c, client_data, stop, progress).run()
     finally:
       client_data.close()
   summary = dataclasses.replace(ending, rounds_completed=progress.round_num,
                                 final_state=progress.state)
   if summary.stopped_by_signal:
     return summary   # Not finished: no final report, no summary.json; `resume` continues.
-  return report.write_final_report(config, c, summary, progress.recent)
+  return report.write_final_report(config, c, summary)
 
 
-def _start(config: components.LoopConfig, c: components.LoopComponents
-           ) -> tuple[checkpointing.Progress, Optional[ledger_lib.RoundRecord]]:
-  """(the last completed round, the last ledger record): round 0 and none for a new run; for a
-  resumed run, its checkpoint, with the ledger reconciled and replayed into the accountant."""
-  recent: collections.deque = collections.deque(maxlen=max(config.uncertainty_last_k, 1))
+def _start(c: components.LoopComponents) -> checkpointing.Progress:
+  """The last completed round: round 0 for a new run; for a resumed run, its checkpoint, with
+  the hooks restored and the ledger reconciled and replayed into the accountant."""
   state = c.process.initialize()
-  tracker = None
-  if c.canaries is not None:
-    c.canaries.start(_trainable(c.process, state))
-    tracker = c.canaries.tracker
+  for hook in c.hooks:
+    hook.start(c.process, state)
   if not c.run_dir.resume:
-    return checkpointing.Progress(round_num=0, state=state, recent=recent, checkpointed=0,
-                                  canary_tracker=tracker), None
-  point = resume.restore(c.run_dir, state, c.aggregates, recent, c.log, tracker)
-  if c.canaries is not None:
-    c.canaries.continue_from(_trainable(c.process, point.state))
-  last_record = None
-  if c.ledger is not None:
-    c.ledger, records = resume.reconcile_ledger(c.ledger, c.run_dir, point.round_num, c.log)
-    for record in records:
-      c.accountant.add(record)
-    last_record = records[-1] if records else None
-  progress = checkpointing.Progress(round_num=point.round_num, state=point.state,
-                                    recent=point.recent, checkpointed=point.round_num,
-                                    canary_tracker=tracker)
-  return progress, last_record
-
-
-def _trainable(process, state) -> list[np.ndarray]:
-  """The trainable weights of the model in `state`, as numpy arrays."""
-  return [np.asarray(w) for w in ca.model_weights(process, state).trainable]
+    return checkpointing.Progress(round_num=0, state=state, checkpointed=0)
+  round_num, state = resume.restore(c.run_dir, c.process, state, c.hooks, c.log)
+  c.privacy.resume(c.run_dir, round_num, c.log)
+  return checkpointing.Progress(round_num=round_num, state=state, checkpointed=round_num)
 
 
 class _Rounds:
@@ -93,11 +71,9 @@ class _Rounds:
 
   def __init__(self, config: components.LoopConfig, c: components.LoopComponents,
                client_data: client_data_lib.ClientDatasets, stop: stop_signal.StopSignal,
-               progress: checkpointing.Progress,
-               last_record: Optional[ledger_lib.RoundRecord]):
+               progress: checkpointing.Progress):
     self.config, self.c, self.client_data, self.stop = config, c, client_data, stop
     self.progress = progress
-    self.last_record = last_record   # Of the last executed round: what max_epsilon predicts.
 
   def run(self) -> components.RunSummary:
     """How the rounds ended (`rounds_completed` and `final_state` are in `progress`)."""
@@ -119,7 +95,7 @@ class _Rounds:
         self.c.log(f'stopped by {self.stop.name}: {self._kept_rounds()}')
         return self._ending(stopped_by_signal=self.stop.name)
       if config.max_epsilon is not None:
-        predicted = self._predicted_epsilon(round_num)
+        predicted = self.c.privacy.predicted_epsilon(round_num)
         if predicted is not None and predicted > config.max_epsilon:
           self.c.log(f'stopping before round {round_num}: epsilon would reach {predicted:.4g} '
                      f'> `max_epsilon={config.max_epsilon:g}`; {self._kept_rounds()} '
@@ -135,7 +111,8 @@ class _Rounds:
   def _kept_rounds(self) -> str:
     """Checkpoints the last completed round (if it was not) and says what a resume does."""
     done = self.progress.round_num
-    if self._checkpoint_completed_rounds():
+    if checkpointing.save_completed_rounds(self.c.run_dir, self.c.hooks, self.progress,
+                                           self.c.log):
       return (f'rounds 1-{done} are kept (checkpoint, ledger and metrics agree); `resume` '
               f'continues at round {done + 1}' if done else
               'no round had completed; `resume` starts at round 1')
@@ -146,94 +123,49 @@ class _Rounds:
   def _ending(self, **how) -> components.RunSummary:
     return components.RunSummary(rounds_completed=self.progress.round_num, **how)
 
-  def _checkpoint_completed_rounds(self) -> bool:
-    return checkpointing.save_completed_rounds(self.c.run_dir, self.c.aggregates,
-                                               self.progress, self.c.log)
-
-  def _predicted_epsilon(self, round_num: int) -> Optional[float]:
-    """Epsilon after `round_num` if its mechanism matches the last executed (or planned) one:
-    the planned tuples of round 1 are exact; later, the last round's tuples with less noise
-    (`next_round_bound`), since the next clip's float32 tuple can differ in its last bits."""
-    c = self.c
-    if c.accountant is None:
-      return None
-    queries = (next_round_bound(self.last_record.queries) if self.last_record is not None
-               else tuple(c.planned_queries))
-    if not queries:
-      return None
-    sampling_event = c.sampler.sampling_event(round_num)
-    leaf = None
-    last = self.last_record
-    if last is not None and last.tree_leaf is not None:
-      # The tree goes on within an epoch (at least as costly as a restart) and restarts at an
-      # epoch boundary (the tree factories do).
-      leaf = last.tree_leaf + 1 if sampling_event.epoch == last.sampling.epoch else 1
-    elif last is None:
-      leaf = c.planned_tree_leaf
-    record = ledger_lib.RoundRecord(round_num, sampling_event, tuple(queries), leaf)
-    return c.accountant.peek_epsilon(record)
-
   def _run_one_round(self, round_num: int) -> None:
     """Round `round_num`, from sampling to its released outputs; nothing of it if a stop signal
     abandoned it (the next check checkpoints and stops)."""
-    config = self.config
+    c, config = self.c, self.config
     round_start = time.perf_counter()
     row: dict[str, Any] = {'round': round_num}
     output = self._train(round_num, row)
     if output is None:
       return
-    self._record_privacy(round_num, output.metrics)
-    _add_training_metrics(output.metrics, row)
-    self._add_epsilons(round_num, row)
     is_last = round_num == config.total_rounds
-    is_eval_round = self.c.evaluator is not None and (
-        round_num % config.rounds_per_eval == 0 or is_last)
-    state, weights = self._update_aggregates(round_num, output.state, is_eval_round, row)
-    if self.c.canaries is not None:
-      self._observe_canaries(round_num, output.state, state, row)
-    if is_eval_round:
-      self._evaluate(weights, row)
-    self._release(round_num, state, row, round_start)
+    c.privacy.record(round_num, output.metrics['aggregator'])
+    _add_training_metrics(output.metrics, row)
+    row.update(c.privacy.epsilon_columns(is_last))
+    completed = round_hooks.Round(
+        num=round_num, is_last=is_last, is_eval=round_num % config.rounds_per_eval == 0 or is_last,
+        trained_state=output.state, state=output.state, row=row,
+        weights_fn=lambda: evaluation.flat_model_weights(ca.model_weights(c.process, output.state)))
+    for hook in c.hooks:
+      hook.after_round(completed)
+    self._release(round_num, completed.state, row, round_start)
     if (config.worker_restart_rounds and round_num % config.worker_restart_rounds == 0
-        and round_num < config.total_rounds):
+        and not is_last):
       runtime.restart_local_worker()   # Between rounds: no computation is running.
-
-  def _observe_canaries(self, round_num: int, round_state, next_state,
-                        row: dict[str, Any]) -> None:
-    """Adds the round's model change to the canary statistics; on evaluation rounds and the
-    last round, the two estimates at the run's delta (`canary_run`'s columns)."""
-    config, canaries = self.config, self.c.canaries
-    t0 = time.perf_counter()
-    end = _trainable(self.c.process, round_state)
-    canaries.observe_round(end)
-    if next_state is not round_state:   # Restarted from a checkpoint aggregate.
-      canaries.continue_from(_trainable(self.c.process, next_state))
-    if round_num % config.rounds_per_eval == 0 or round_num == config.total_rounds:
-      row.update(canaries.estimates(end, config.delta))
-    row['canary_seconds'] = time.perf_counter() - t0   # The bookkeeping's cost (a timing).
 
   def _train(self, round_num: int, row: dict[str, Any]):
     """Samples the round's clients and runs `process.next`; its output, or None if a stop
     signal abandoned the round. Raises RunFailedError (after checkpointing the last completed
     round) if the TFF runtime fails."""
     c, config = self.c, self.config
-    client_ids = c.sampler.sample(round_num)
-    row['num_clients'] = len(client_ids)
-    canary_ids = []
-    if c.canaries is not None:
-      client_ids, canary_ids = c.canaries.split(client_ids)
+    sampled = c.sampler.sample(round_num)
+    row['num_clients'] = len(sampled)
+    client_ids, own_ids = _split_sample(c.hooks, sampled)
     t0 = time.perf_counter()
     datasets, rejected = self.client_data.get(client_ids) if client_ids else ([], {})
-    if c.canaries is not None:
-      datasets = c.canaries.round_values(datasets, canary_ids)
+    for hook, own in zip(c.hooks, own_ids):
+      datasets = hook.round_values(datasets, own)
     if rejected:
       row['clients_rejected'] = len(rejected)
       if not config.private_release:   # Names clients: a non-private diagnostic.
         for cid, reason in list(rejected.items())[:5]:
           c.log(f'round {round_num}: client {cid} skipped: {reason}')
     if round_num < config.total_rounds:
-      upcoming = c.sampler.sample(round_num + 1)
-      self.client_data.prefetch(upcoming if c.canaries is None else c.canaries.split(upcoming)[0])
+      self.client_data.prefetch(_split_sample(c.hooks, c.sampler.sample(round_num + 1))[0])
     # A round whose sample is empty (Poisson drew nobody, or every sampled client was
     # rejected) still runs: the sampled Gaussian mechanism releases a noised zero sum, the
     # model moves by noise alone, and the round is recorded like any other, so that neither
@@ -243,8 +175,8 @@ class _Rounds:
     except Exception as e:  # pylint: disable=broad-except
       if self.stop.received is not None:   # Ctrl-C also reached the worker: round abandoned.
         return None
-      # State and aggregates are still those of the last completed round: checkpoint it.
-      self._checkpoint_completed_rounds()
+      # State and hooks are still those of the last completed round: checkpoint it.
+      checkpointing.save_completed_rounds(c.run_dir, c.hooks, self.progress, c.log)
       first_line = (str(e).strip().splitlines() or [''])[0][:300]
       raise errors.RunFailedError(
           f'round {round_num} failed in the TFF runtime ({type(e).__name__}: {first_line}). '
@@ -252,65 +184,6 @@ class _Rounds:
           f'{self.progress.round_num}. Rerun with `resume`') from e
     row['round_seconds'] = time.perf_counter() - t0
     return output
-
-  def _record_privacy(self, round_num: int, metrics) -> None:
-    """Appends the round's ledger record (durable before any output of the round is released)
-    and adds it to the accountant; nothing without DP."""
-    c = self.c
-    if self.config.dp == 'none':
-      return
-    queries = privacy_queries_lib.find_privacy_queries(metrics['aggregator'])
-    if not queries:
-      raise RuntimeError('DP is on but the aggregator reported no privacy_queries; refusing '
-                         'to train without a ledger record')
-    self.last_record = ledger_lib.RoundRecord(
-        round_num, c.sampler.sampling_event(round_num), tuple(queries),
-        privacy_queries_lib.find_tree_leaf(metrics['aggregator']))
-    with run_dir_lib.writing(f'the ledger record of round {round_num}', c.ledger.path):
-      c.ledger.append(self.last_record)
-    c.accountant.add(self.last_record)
-
-  def _add_epsilons(self, round_num: int, row: dict[str, Any]) -> None:
-    accountant = self.c.accountant
-    if accountant is None:
-      return
-    epsilons = accountant.epsilon()
-    if epsilons.get('pld', 0.0) is None and round_num == self.config.total_rounds:
-      epsilons['pld'] = accountant.epsilon_pld()  # The final value is always reported.
-    for method, eps in epsilons.items():
-      row[f'epsilon_{method}'] = eps
-
-  def _update_aggregates(self, round_num: int, state, is_eval_round: bool,
-                         row: dict[str, Any]):
-    """(state, model weights): checkpoint aggregates and the last-k weights updated with this
-    round's model, and the state restarted from an aggregate when the policy says so. The
-    weights are read out of the state only when something uses them."""
-    c = self.c
-    needs_weights = (is_eval_round or c.aggregates or self.config.uncertainty_last_k
-                     or c.train_on_aggregate is not None)
-    weights = (evaluation.flat_model_weights(ca.model_weights(c.process, state))
-               if needs_weights else None)
-    for agg in c.aggregates.values():
-      agg.update(weights)
-    if self.config.uncertainty_last_k:
-      self.progress.recent.append(weights)
-    if c.train_on_aggregate is not None:
-      start_weights = c.train_on_aggregate.select(round_num, weights, c.aggregates)
-      if start_weights is not weights:
-        state = c.train_on_aggregate.apply(c.process, state, start_weights)
-        row['trained_from_aggregate'] = 1
-    return state, weights
-
-  def _evaluate(self, weights, row: dict[str, Any]) -> None:
-    """Central evaluation of the round's model and of each checkpoint aggregate."""
-    evaluator = self.c.evaluator
-    for name, value in evaluator.evaluate(weights).items():
-      row[f'eval_{name}'] = value
-    for agg_name, agg in self.c.aggregates.items():
-      agg_weights = agg.value()
-      if agg_weights is not None:
-        for name, value in evaluator.evaluate(agg_weights).items():
-          row[f'eval_{agg_name}_{name}'] = value
 
   def _release(self, round_num: int, state, row: dict[str, Any], round_start: float) -> None:
     """Checkpoint (on checkpoint rounds), then the round's outputs: metrics row, TensorBoard,
@@ -321,9 +194,8 @@ class _Rounds:
     with run_dir_lib.writing(f'the outputs of round {round_num}', c.run_dir.path):
       if checkpoint_now:
         # Before any output of the round is released (see resume.reconcile_ledger).
-        checkpointing.save(c.run_dir, round_num, state, c.aggregates, progress.recent,
-                           progress.canary_tracker)
-      # Whole round: sampling, data, TFF round, ledger, accounting, eval, checkpoint.
+        checkpointing.save(c.run_dir, round_num, state, c.hooks)
+      # Whole round: sampling, data, TFF round, ledger, accounting, hooks, checkpoint.
       row['wall_seconds'] = time.perf_counter() - round_start
       row = release.released_row(row, config.release_facts)
       c.run_dir.metrics.append(row)
@@ -334,19 +206,13 @@ class _Rounds:
     c.log(report.console_line(row, config.total_rounds))
 
 
-# How much less noise, relative, the prediction of the next round assumes: float32 computes each
-# round's noise stddev as z * clip from the round's clip, so the next round's stddev / clip
-# differs from the last round's by at most two float32 roundings (2 * 2^-24 ~ 1.2e-7); 1e-6
-# covers that with margin, and less noise can only raise epsilon.
-PREDICTION_MARGIN = 1e-6
-
-
-def next_round_bound(queries) -> tuple:
-  """`queries` with each noise stddev lowered by PREDICTION_MARGIN: a `max_epsilon` prediction
-  of the next round that holds whatever last bits its float32 tuples get."""
-  return tuple(ledger_lib.GaussianSumQuery(q.name, q.l2_norm_clip,
-                                           q.noise_stddev * (1.0 - PREDICTION_MARGIN))
-               for q in queries)
+def _split_sample(hooks, sampled) -> tuple[list, list[list]]:
+  """(the ids whose data the loop builds, each hook's own ids) of a sample."""
+  client_ids, own_ids = list(sampled), []
+  for hook in hooks:
+    client_ids, own = hook.split_sample(client_ids)
+    own_ids.append(own)
+  return client_ids, own_ids
 
 
 def _add_training_metrics(metrics, row: dict[str, Any]) -> None:

@@ -6,47 +6,34 @@ is durable and, on checkpoint rounds, after its checkpoint (see docs/ARCHITECTUR
 order of one round"); this module relies on that order.
 """
 
-import collections
-import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Sequence
 
 from tff_dp import ledger as ledger_lib
 from tff_dp.training import checkpointing
+from tff_dp.training import round_hooks
 from tff_dp.training import run_dir as run_dir_lib
 
 SUPERSEDED_METRICS = 'metrics.superseded.csv'
 UNRELEASED_LEDGER = 'ledger.unreleased.jsonl'
 
 
-@dataclasses.dataclass
-class ResumePoint:
-  """Where a resumed run continues: after round `round_num` (0: from the start)."""
-  round_num: int
-  state: Any
-  recent: collections.deque
-
-
-def restore(run_dir, initial_state, aggregates: Mapping[str, Any], recent: collections.deque,
-            log: Callable[[str], None], canary_tracker=None) -> ResumePoint:
-  """Loads the latest checkpoint into `aggregates`, `recent` and `canary_tracker` (initial
-  state if none), and moves the metrics rows of later rounds, which are re-executed, to
-  metrics.superseded.csv."""
+def restore(run_dir, process, initial_state, hooks: Sequence[round_hooks.RoundHook],
+            log: Callable[[str], None]) -> tuple[int, Any]:
+  """(the round to continue after, its state): the latest checkpoint (round 0 and
+  `initial_state` if none), with each hook restored from its entries; the metrics rows of
+  later rounds, which are re-executed, are moved to metrics.superseded.csv."""
   state, round_num = initial_state, 0
-  loaded = checkpointing.load_latest(run_dir, initial_state, aggregates, canary_tracker)
+  loaded = checkpointing.load_latest(run_dir, initial_state, hooks)
   if loaded is not None:
-    state = loaded['state']
-    for name, agg in aggregates.items():
-      agg.set_state(loaded['aggregates'][name])
-    if canary_tracker is not None:
-      canary_tracker.set_state(loaded['canaries'])
-    recent.extend(list(loaded['recent']))
-    round_num = int(loaded['round_num'])
+    state, round_num = loaded['state'], int(loaded['round_num'])
+  for hook in hooks:
+    hook.restore(loaded, process, state)
   # Rows of rounds after the checkpoint (or of every round, if none was saved yet) are kept
   # aside: those rounds are re-executed.
   moved = run_dir.metrics.move_rows_after(round_num, run_dir.file(SUPERSEDED_METRICS))
   log(f'resuming at round {round_num + 1}'
       + (f' ({moved} later metric rows moved to {SUPERSEDED_METRICS})' if moved else ''))
-  return ResumePoint(round_num=round_num, state=state, recent=recent)
+  return round_num, state
 
 
 def reconcile_ledger(ledger: ledger_lib.PrivacyLedger, run_dir, checkpoint_round: int,

@@ -1,0 +1,115 @@
+"""A run's privacy bookkeeping in the round loop: each round's ledger record (durable before any
+output of the round), its epsilon columns, and the `max_epsilon` prediction of the next round.
+
+The loop calls the same three methods whatever the mechanism; what differs between mechanisms
+(the tree's leaf, the relation) is read from the aggregator's report and handled by the
+accountant. `NO_DP` is the recorder of a run without DP: it records nothing.
+"""
+
+import dataclasses
+from typing import Any, Optional, Sequence
+
+from tff_dp import ledger as ledger_lib
+from tff_dp.aggregators import privacy_queries as privacy_queries_lib
+from tff_dp.training import resume
+from tff_dp.training import run_dir as run_dir_lib
+
+# How much less noise, relative, the prediction of the next round assumes: float32 computes each
+# round's noise stddev as z * clip from the round's clip, so the next round's stddev / clip
+# differs from the last round's by at most two float32 roundings (2 * 2^-24 ~ 1.2e-7); 1e-6
+# covers that with margin, and less noise can only raise epsilon.
+PREDICTION_MARGIN = 1e-6
+
+
+def next_round_bound(queries) -> tuple:
+  """`queries` with each noise stddev lowered by PREDICTION_MARGIN: a `max_epsilon` prediction
+  of the next round that holds whatever last bits its float32 tuples get."""
+  return tuple(ledger_lib.GaussianSumQuery(q.name, q.l2_norm_clip,
+                                           q.noise_stddev * (1.0 - PREDICTION_MARGIN))
+               for q in queries)
+
+
+@dataclasses.dataclass
+class PrivacyRecorder:
+  """The ledger, the accountant, and the sampler whose events they record.
+
+  planned_queries: the queries round 1 will execute (what `max_epsilon` predicts from before
+    any record exists); planned_tree_leaf: 1 for tree aggregation (DP-FTRL), else None.
+  """
+  ledger: ledger_lib.PrivacyLedger
+  accountant: Any                   # tff_dp.accounting.LedgerAccountant
+  sampler: Any
+  planned_queries: Sequence[ledger_lib.GaussianSumQuery] = ()
+  planned_tree_leaf: Optional[int] = None
+  last_record: Optional[ledger_lib.RoundRecord] = None   # Of the last executed round.
+
+  def resume(self, run_dir, checkpoint_round: int, log) -> None:
+    """Reconciles the ledger with what was released (`resume.reconcile_ledger`) and replays
+    the records that stay counted into the accountant."""
+    self.ledger, records = resume.reconcile_ledger(self.ledger, run_dir, checkpoint_round, log)
+    for record in records:
+      self.accountant.add(record)
+    self.last_record = records[-1] if records else None
+
+  def record(self, round_num: int, aggregator_metrics) -> None:
+    """Appends the round's ledger record (durable before any output of the round is
+    released) and adds it to the accountant."""
+    queries = privacy_queries_lib.find_privacy_queries(aggregator_metrics)
+    if not queries:
+      raise RuntimeError('DP is on but the aggregator reported no privacy_queries; refusing '
+                         'to train without a ledger record')
+    self.last_record = ledger_lib.RoundRecord(
+        round_num, self.sampler.sampling_event(round_num), tuple(queries),
+        privacy_queries_lib.find_tree_leaf(aggregator_metrics))
+    with run_dir_lib.writing(f'the ledger record of round {round_num}', self.ledger.path):
+      self.ledger.append(self.last_record)
+    self.accountant.add(self.last_record)
+
+  def epsilon_columns(self, is_last: bool) -> dict[str, Optional[float]]:
+    """{'epsilon_<method>': epsilon after the recorded rounds}; the final PLD value always."""
+    epsilons = self.accountant.epsilon()
+    if epsilons.get('pld', 0.0) is None and is_last:
+      epsilons['pld'] = self.accountant.epsilon_pld()
+    return {f'epsilon_{method}': eps for method, eps in epsilons.items()}
+
+  def predicted_epsilon(self, round_num: int) -> Optional[float]:
+    """Epsilon after `round_num` if its mechanism matches the last executed (or planned) one:
+    the planned tuples of round 1 are exact; later, the last round's tuples with less noise
+    (`next_round_bound`), since the next clip's float32 tuple can differ in its last bits."""
+    last = self.last_record
+    queries = (next_round_bound(last.queries) if last is not None
+               else tuple(self.planned_queries))
+    if not queries:
+      return None
+    sampling_event = self.sampler.sampling_event(round_num)
+    leaf = None
+    if last is not None and last.tree_leaf is not None:
+      # The tree goes on within an epoch (at least as costly as a restart) and restarts at an
+      # epoch boundary (the tree factories do).
+      leaf = last.tree_leaf + 1 if sampling_event.epoch == last.sampling.epoch else 1
+    elif last is None:
+      leaf = self.planned_tree_leaf
+    record = ledger_lib.RoundRecord(round_num, sampling_event, tuple(queries), leaf)
+    return self.accountant.peek_epsilon(record)
+
+
+class _NoDP:
+  """The recorder of a run without DP: no ledger, no epsilon, nothing to predict."""
+  ledger = None
+  accountant = None
+
+  def resume(self, run_dir, checkpoint_round: int, log) -> None:
+    del run_dir, checkpoint_round, log
+
+  def record(self, round_num: int, aggregator_metrics) -> None:
+    del round_num, aggregator_metrics
+
+  def epsilon_columns(self, is_last: bool) -> dict:
+    del is_last
+    return {}
+
+  def predicted_epsilon(self, round_num: int) -> None:
+    del round_num
+
+
+NO_DP = _NoDP()
