@@ -1,3 +1,5 @@
+# Longer than 350 lines: a program (flag files, arms run as processes, skip / resume, the
+# table), whose functions each do one step; the library parts live in tff_dp.tables.
 """Reproduces a paper table: runs every arm of experiments/TABLE, then builds the table.
 
   python reproduce.py --table=andrew2021_emnist --scale=smoke      # minutes, embedded data

@@ -51,7 +51,7 @@ def _cache(cache_root: str, family: str, population: int) -> str:
 
 def _run(args, task: str, data_dir: str, noise: float, canaries: int) -> dict:
   import tff_dp   # pylint: disable=g-import-not-at-top
-  from tff_dp.training import metrics_file   # pylint: disable=g-import-not-at-top
+  from tff_dp.run_format import metrics_csv   # pylint: disable=g-import-not-at-top
   name = f'{task}-z{noise:g}-k{canaries}'
   cfg = tff_dp.ExperimentConfig.from_settings(
       dict(_TASKS[task]['settings']), task=task, data_dir=data_dir, dp='adaptive',
@@ -59,7 +59,7 @@ def _run(args, task: str, data_dir: str, noise: float, canaries: int) -> dict:
       total_rounds=args.total_rounds, rounds_per_eval=10, num_canaries=canaries,
       delta=args.delta, root_output_dir=args.out_dir, experiment_name=name)
   summary = tff_dp.run(cfg, log=lambda line: None)
-  rows = metrics_file.read_rows(os.path.join(summary.run_dir, 'metrics.csv'))
+  rows = metrics_csv.read_numeric_rows(os.path.join(summary.run_dir, 'metrics.csv'))
   after_first = rows[1:] or rows
   estimates = (summary.privacy.get('empirical_estimate') or {}).get('estimates', {})
   return {

@@ -62,7 +62,9 @@ def _arms(task, clients):
       'fixed': (ours('fixed'), sgd(0.1)),
       'adaptive': (ours('adaptive'), sgd(0.1)),
       # One clipped-count query per layer: sigma_b must grow with the layer count.
-      'per_layer': (ours('per_layer_adaptive', clipped_count_stddev=4.0), sgd(0.1)),
+      'per_layer': (ours('per_layer_adaptive',
+                         adaptive=aggregators.AdaptiveClipping(clipped_count_stddev=4.0)),
+                    sgd(0.1)),
       'ftrl': (ours('ftrl'), sgd(0.1)),
       'ftrl_adaptive': (ours('ftrl_adaptive'), sgd(0.1)),
       'adadps_client': (ours('adaptive'), adadps_setup.client_optimizer('sgd', 0.1, ones)),

@@ -62,8 +62,9 @@ def _process(task, clients):
         input_spec=task.input_spec)
   return bench_common.fed_avg(
       model_fn, aggregators.build_dp_aggregator(
-          'adaptive', noise_multiplier=0.0, clipped_count_stddev=0.0,
-          clients_per_round=float(clients), clip=0.1),
+          'adaptive', noise_multiplier=0.0,
+          clients_per_round=float(clients), clip=0.1,
+          adaptive=aggregators.AdaptiveClipping(clipped_count_stddev=0.0)),
       client_learning_rate=0.05)
 
 

@@ -1,3 +1,5 @@
+# Longer than 350 lines: TFF's on-disk format for two dataset families (EMNIST,
+# StackOverflow with its word and tag counts), written the way TFF's loaders read them.
 """Small, seeded, learnable datasets written in TFF's exact on-disk format.
 
 The files are what `tff.simulation.datasets.{emnist,stackoverflow}.load_data(cache_dir=...)`

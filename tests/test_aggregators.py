@@ -53,7 +53,9 @@ def test_flat_adaptive_clip_trajectory_equals_tff_and_tfp():
   data = [_clients(rng, [shape], m, norms=rng.lognormal(0.0, 1.0, (m, 1))) for _ in range(rounds)]
   kwargs = dict(clients_per_round=float(m), target_unclipped_quantile=0.3)
   ours = _process(aggregators.AdaptiveClipGaussianFactory(
-      noise_multiplier=0.0, initial_clip=0.5, clip_learning_rate=0.3, **kwargs), [shape])
+      noise_multiplier=0.0, initial_clip=0.5, clients_per_round=float(m),
+      adaptive=aggregators.AdaptiveClipping(target_unclipped_quantile=0.3,
+                                            clip_learning_rate=0.3)), [shape])
   theirs = _process(tff.aggregators.DifferentiallyPrivateFactory.gaussian_adaptive(
       noise_multiplier=0.0, initial_l2_norm_clip=0.5, learning_rate=0.3, **kwargs), [shape])
   query = tfp.QuantileAdaptiveClipSumQuery(
@@ -87,7 +89,8 @@ def test_flat_factory_converges_to_median_from_100x_too_small():
   rng = np.random.default_rng(1)
   process = _process(aggregators.AdaptiveClipGaussianFactory(
       noise_multiplier=0.0, clients_per_round=float(m), initial_clip=0.01,
-      clip_learning_rate=0.5, clipped_count_stddev=0.0), [(2,)])
+      adaptive=aggregators.AdaptiveClipping(clip_learning_rate=0.5,
+                                            clipped_count_stddev=0.0)), [(2,)])
   state = process.initialize()
   tail = []
   for r in range(80):
@@ -104,7 +107,7 @@ def test_flat_factory_converges_to_median_from_100x_too_small():
 def test_direction_all_clipped_grows_none_clipped_shrinks(update_rule):
   process = _process(aggregators.AdaptiveClipGaussianFactory(
       noise_multiplier=0.0, clients_per_round=4.0, initial_clip=1.0,
-      update_rule=update_rule), [(3,)])
+      adaptive=aggregators.AdaptiveClipping(update_rule=update_rule)), [(3,)])
   rng = np.random.default_rng(2)
   state = process.initialize()
   big = process.next(state, _clients(rng, [(3,)], 4, [[10.0]] * 4))
@@ -122,7 +125,8 @@ def test_direction_all_clipped_grows_none_clipped_shrinks(update_rule):
 def test_privacy_queries_report_pre_round_clip_and_stddev():
   z, m, sigma_b = 0.5, 10.0, 1.0
   factory = aggregators.AdaptiveClipGaussianFactory(
-      noise_multiplier=z, clients_per_round=m, initial_clip=1.0, clipped_count_stddev=sigma_b)
+      noise_multiplier=z, clients_per_round=m, initial_clip=1.0,
+      adaptive=aggregators.AdaptiveClipping(clipped_count_stddev=sigma_b))
   z_v = (z**-2 - (2 * sigma_b)**-2)**-0.5   # Eq. (1) solved for the update query.
   process = _process(factory, [(3,)])
   rng = np.random.default_rng(3)
@@ -163,7 +167,7 @@ def test_per_layer_clips_track_their_own_layer_quantile():
   rng = np.random.default_rng(5)
   process = _process(aggregators.PerLayerAdaptiveClipFactory(
       noise_multiplier=0.0, clients_per_round=float(m), initial_clip=1.0,
-      clip_learning_rate=0.5), shapes)
+      adaptive=aggregators.AdaptiveClipping(clip_learning_rate=0.5)), shapes)
   state = process.initialize()
   tails = collections.defaultdict(list)
   for r in range(60):
@@ -186,7 +190,8 @@ def test_per_layer_groups_split_the_noise_budget():
   shapes = [(10,), (2,), (100,)]
   factory = aggregators.PerLayerAdaptiveClipFactory(
       noise_multiplier=0.5, clients_per_round=20.0, initial_clip=[1.0, 2.0],
-      groups=[[0, 1], [2]], noise_allocation='dimensionality', clipped_count_stddev=2.0)
+      groups=[[0, 1], [2]], noise_allocation='dimensionality',
+      adaptive=aggregators.AdaptiveClipping(clipped_count_stddev=2.0))
   process = _process(factory, shapes)
   out = process.next(process.initialize(), _clients(np.random.default_rng(6), shapes, 2))
   q = _queries(out.measurements)
@@ -222,7 +227,7 @@ def test_joint_adaptive_scales_track_per_vector_quantiles():
   rng = np.random.default_rng(7)
   process = _process(aggregators.JointClipFactory(
       noise_multiplier=0.0, clients_per_round=float(m), initial_scale=1.0,
-      clip_learning_rate=0.5), shapes)
+      adaptive=aggregators.AdaptiveClipping(clip_learning_rate=0.5)), shapes)
   state = process.initialize()
   tails = collections.defaultdict(list)
   for r in range(50):
@@ -275,7 +280,9 @@ def test_joint_adaptive_scales_stay_positive(rule, eta, rounds):
   rng = np.random.default_rng(9)
   process = _process(aggregators.JointClipFactory(
       noise_multiplier=0.0, clients_per_round=float(m), initial_scale=1.0,
-      clip_learning_rate=eta, target_unclipped_quantile=gamma, update_rule=rule), shapes)
+      adaptive=aggregators.AdaptiveClipping(clip_learning_rate=eta,
+                                            target_unclipped_quantile=gamma,
+                                            update_rule=rule)), shapes)
   state = process.initialize()
   alpha = np.array([1.0, 1.0], np.float32)
   tensor_1_norm = 0.0 if rule == 'geometric' else 1e-3
@@ -321,14 +328,16 @@ def test_adaptive_clips_stay_positive_under_linear_rule(kind):
     groups, clip = [[0, 1]], np.array([1.0], np.float32)
     factory = aggregators.AdaptiveClipGaussianFactory(
         noise_multiplier=0.0, clients_per_round=float(m), initial_clip=1.0,
-        target_unclipped_quantile=gamma, clip_learning_rate=eta, update_rule='linear',
-        clipped_count_stddev=0.0)
+        adaptive=aggregators.AdaptiveClipping(
+            target_unclipped_quantile=gamma, clip_learning_rate=eta, update_rule='linear',
+            clipped_count_stddev=0.0))
   else:
     groups, clip = [[0], [1]], np.array([1.0, 0.6], np.float32)
     factory = aggregators.PerLayerAdaptiveClipFactory(
         noise_multiplier=0.0, clients_per_round=float(m), initial_clip=[1.0, 0.6],
-        target_unclipped_quantile=gamma, clip_learning_rate=eta, update_rule='linear',
-        clipped_count_stddev=0.0)
+        adaptive=aggregators.AdaptiveClipping(
+            target_unclipped_quantile=gamma, clip_learning_rate=eta, update_rule='linear',
+            clipped_count_stddev=0.0))
   process = _process(factory, shapes)
   # One client sends 1e-3-sized updates, the other all zeros (as TFF sends for a client whose
   # update it zeroed for being non-finite).
@@ -404,7 +413,8 @@ def test_noise_std_matches_configuration(kind):
   z, m, sigma_b, clip = 0.8, 10.0, 2.0, 0.5
   shapes = [(12000,), (8000,)]
   factory = aggregators.build_dp_aggregator(
-      kind, noise_multiplier=z, clients_per_round=m, clip=clip, clipped_count_stddev=sigma_b)
+      kind, noise_multiplier=z, clients_per_round=m, clip=clip,
+      adaptive=aggregators.AdaptiveClipping(clipped_count_stddev=sigma_b))
   process = _process(factory, shapes)
   zeros = [[np.zeros(s, np.float32) for s in shapes]] * 2
   out = process.next(process.initialize(), zeros)
@@ -435,22 +445,25 @@ def test_build_dp_aggregator_rejects_bad_combinations():
   with pytest.raises(UserInputError, match='unknown DP aggregation'):
     aggregators.build_dp_aggregator('bogus', **kw)
   with pytest.raises(UserInputError, match='clipped_count_stddev` above 0.5'):
-    aggregators.build_dp_aggregator('adaptive', clipped_count_stddev=0.5, **kw)  # = z / 2.
+    aggregators.build_dp_aggregator(   # sigma_b = z / 2.
+        'adaptive', adaptive=aggregators.AdaptiveClipping(clipped_count_stddev=0.5), **kw)
   # The default sigma_b is m / 20 = 0.5 raised to z = 1 (issue 25): z_v = z * 2 / sqrt(3).
   assert aggregators.build_dp_aggregator('adaptive', **kw).update_noise_multiplier == (
       pytest.approx(2 / 3 ** 0.5))
   with pytest.raises(UserInputError, match='does not take groups'):
     aggregators.build_dp_aggregator('fixed', groups=[[0]], **kw)
   with pytest.raises(UserInputError, match='update rule'):
-    aggregators.build_dp_aggregator('adaptive', update_rule='cubic', clipped_count_stddev=5.0,
-                                    **kw)
+    aggregators.build_dp_aggregator('adaptive', adaptive=aggregators.AdaptiveClipping(
+        update_rule='cubic', clipped_count_stddev=5.0), **kw)
   with pytest.raises(UserInputError, match='noise_allocation'):
     aggregators.build_dp_aggregator('per_layer_adaptive', noise_allocation='x', **kw)
   with pytest.raises(UserInputError, match='target_unclipped_quantile'):
-    aggregators.build_dp_aggregator('joint', target_unclipped_quantile=1.5, **kw)
+    aggregators.build_dp_aggregator(
+        'joint', adaptive=aggregators.AdaptiveClipping(target_unclipped_quantile=1.5), **kw)
   with pytest.raises(UserInputError, match='clipped_count_stddev` above'):
-    aggregators.build_dp_aggregator('per_layer_adaptive', clipped_count_stddev=0.6,
-                                    groups=[[0], [1]], **kw)
+    aggregators.build_dp_aggregator(
+        'per_layer_adaptive', groups=[[0], [1]],
+        adaptive=aggregators.AdaptiveClipping(clipped_count_stddev=0.6), **kw)
 
 
 def _model_fn():

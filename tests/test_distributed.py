@@ -212,8 +212,9 @@ def _linear_fed_avg_and_clients(clients=8, examples=3000, features=64):
       model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.01),
       server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0),
       model_aggregator=aggregators.build_dp_aggregator(
-          'adaptive', noise_multiplier=0.0, clipped_count_stddev=0.0,
-          clients_per_round=float(clients), clip=0.5))
+          'adaptive', noise_multiplier=0.0,
+          clients_per_round=float(clients), clip=0.5,
+          adaptive=aggregators.AdaptiveClipping(clipped_count_stddev=0.0)))
   return process, datasets
 
 

@@ -33,7 +33,7 @@ def test_non_finite_update_is_zeroed_exactly_like_a_zero_update():
   value_type = tff.types.to_type([(np.float32, (3,)), (np.float32, (2,))])
   factory = NonFiniteZeroingFactory(aggregators.build_dp_aggregator(
       'adaptive', noise_multiplier=0.0, clients_per_round=3.0, clip=1.0,
-      clipped_count_stddev=0.0))
+      adaptive=aggregators.AdaptiveClipping(clipped_count_stddev=0.0)))
   process = factory.create(value_type)
   good = [[np.full(3, 2.0, np.float32), np.ones(2, np.float32)],
           [np.full(3, 0.1, np.float32), np.zeros(2, np.float32)]]

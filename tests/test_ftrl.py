@@ -194,12 +194,13 @@ def test_adaptive_clip_follows_quantile_and_is_adopted_at_restarts(rounds_per_ep
     for c in range(m):
       clients[c][0] *= norms[t, c] / np.linalg.norm(clients[c][0])
     data.append(clients)
+  adaptive = dict(target_unclipped_quantile=gamma, clip_learning_rate=eta,
+                  clipped_count_stddev=0.0)
   kw = dict(noise_multiplier=0.0, clients_per_round=float(m), restart_warmup=3,
-            restart_frequency=6, target_unclipped_quantile=gamma, clip_learning_rate=eta,
-            clipped_count_stddev=0.0)
-  ours = _process(aggregators.FtrlAdaptiveFactory(initial_clip=0.5,
-                                                  rounds_per_epoch=rounds_per_epoch, **kw),
-                  [shape])
+            restart_frequency=6)
+  ours = _process(aggregators.FtrlAdaptiveFactory(
+      initial_clip=0.5, rounds_per_epoch=rounds_per_epoch,
+      adaptive=aggregators.AdaptiveClipping(**adaptive), **kw), [shape])
   results, measurements = _run(ours, data)
   restarts = {3, 9, 15} | ({5, 10, 15} if rounds_per_epoch else set())
   used, estimates = _adaptive_reference(norms, 0.5, gamma, eta, restarts)
@@ -218,7 +219,8 @@ def test_adaptive_clip_follows_quantile_and_is_adopted_at_restarts(rounds_per_ep
     np.testing.assert_allclose(results[t][0] * m, clipped, rtol=1e-4, atol=1e-6)
   assert len(set(np.round(used, 6))) >= 3   # The clip really moved at restarts.
   if rounds_per_epoch is None:
-    tff_kw = dict(kw, record_specs=[tf.TensorSpec(shape, tf.float32)], initial_l2_norm_clip=0.5)
+    tff_kw = dict(kw, **adaptive, record_specs=[tf.TensorSpec(shape, tf.float32)],
+                  initial_l2_norm_clip=0.5)
     theirs = _process(tff.aggregators.DifferentiallyPrivateFactory.tree_adaptive(**tff_kw),
                       [shape])
     r_theirs, _ = _run(theirs, data)
@@ -231,7 +233,7 @@ def test_adaptive_noise_split_and_per_node_std():
   z, m, sigma_b, clip, dim = 0.8, 10.0, 2.0, 0.5, 20000
   factory = aggregators.build_dp_aggregator(
       'ftrl_adaptive', noise_multiplier=z, clients_per_round=m, clip=clip,
-      clipped_count_stddev=sigma_b)
+      adaptive=aggregators.AdaptiveClipping(clipped_count_stddev=sigma_b))
   process = _process(factory, [(dim,)])
   out = process.next(process.initialize(), [[np.zeros(dim, np.float32)]] * 2)
   q = _queries(out.measurements)
@@ -259,15 +261,16 @@ def test_drop_in_build_unweighted_fed_avg(kind):
 def test_tree_factories_reject_bad_settings():
   kw = dict(noise_multiplier=1.0, clients_per_round=10.0, clip=1.0)
   with pytest.raises(UserInputError, match='restart_warmup'):
-    aggregators.build_dp_aggregator('ftrl_adaptive', clipped_count_stddev=5.0, restart_warmup=8,
-                                    restart_frequency=8, **kw)
+    aggregators.build_dp_aggregator(
+        'ftrl_adaptive', restart_warmup=8, restart_frequency=8,
+        adaptive=aggregators.AdaptiveClipping(clipped_count_stddev=5.0), **kw)
   with pytest.raises(UserInputError, match='does not take groups'):
     aggregators.build_dp_aggregator('ftrl', groups=[[0]], **kw)
   with pytest.raises(UserInputError, match='rounds_per_epoch'):
     aggregators.build_dp_aggregator('ftrl', rounds_per_epoch=0, **kw)
   with pytest.raises(UserInputError, match='geometrically'):
-    aggregators.build_dp_aggregator('ftrl_adaptive', update_rule='linear',
-                                    clipped_count_stddev=5.0, **kw)
+    aggregators.build_dp_aggregator('ftrl_adaptive', adaptive=aggregators.AdaptiveClipping(
+        update_rule='linear', clipped_count_stddev=5.0), **kw)
 
 
 # ------------------------------------------------------------------------------- sampler
@@ -546,3 +549,19 @@ def test_command_line_flags_reach_the_checks(tmp_path):
                           capture_output=True, text=True, timeout=300)
     errors = [line for line in proc.stderr.splitlines() if line.startswith('error:')]
     assert proc.returncode == 2 and len(errors) == 1 and message in errors[0], proc.stderr
+
+
+@pytest.mark.parametrize('relation', ['replace_special', 'add_remove'])
+def test_one_ledger_holds_one_mechanism(relation):
+  """A ledger's first record chooses its mechanism's accountant; a record of another mechanism
+  is refused whichever comes first (tree rounds then Gaussian rounds, or the reverse)."""
+  tree = _tree_records(_schedule([[2]]), 1.0)
+  gaussian = ledger.RoundRecord(3, ledger.SamplingEvent('poisson', 1000, probability=0.01),
+                                tree[0].queries)
+  acc = accountant_lib.LedgerAccountant(1e-6, ('rdp',), relation)
+  first, second = (tree[0], gaussian) if relation == 'replace_special' else (gaussian, tree[0])
+  acc.add(first)
+  before = acc.epsilon_rdp()
+  with pytest.raises(UserInputError, match='one ledger holds one mechanism'):
+    acc.add(second)
+  assert before > 0

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
-from tff_dp.training import release
+from tff_dp.run_format import release
 from run_helpers import metrics_rows
 
 POPULATION = 20   # conftest's tag_task.

@@ -31,7 +31,7 @@ ADAPTIVE_DP_KINDS = ('adaptive', 'per_layer_adaptive', 'joint', 'ftrl_adaptive')
 TREE_DP_KINDS = ('ftrl', 'ftrl_adaptive')
 
 # `eval_data`: what central evaluation runs on, and so whether its metrics are covered by the
-# DP guarantee (`tff_dp.training.release`).
+# DP guarantee (`tff_dp.run_format.release`).
 EVAL_DATA = {
     'test': 'the task\'s test split; covered only if none of its clients is in the training '
             'population (TFF\'s EMNIST and StackOverflow test splits hold the training users: '

@@ -1,3 +1,5 @@
+# Longer than 350 lines: the ledger's record types, their JSON form, the checksummed line
+# format and its repair are one file format, kept in one module so that it has one home.
 """Append-only JSONL privacy ledger (McMahan & Andrew 2018, section 5).
 
 Each round appends one line recording the sampling event and every Gaussian sum query

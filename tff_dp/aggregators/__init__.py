@@ -3,7 +3,6 @@
 Every factory reports `privacy_queries` (docs/ARCHITECTURE.md, Contract 1) in its measurements.
 """
 
-from typing import Optional
 
 from tff_dp import choices
 from tff_dp import noise_budget
@@ -17,6 +16,7 @@ from tff_dp.aggregators.per_layer import PerLayerAdaptiveClipFactory
 from tff_dp.aggregators.privacy_queries import MEASUREMENT_KEY
 from tff_dp.aggregators.privacy_queries import find_privacy_queries
 from tff_dp.aggregators.privacy_queries import find_tree_leaf
+from tff_dp.adaptive_clipping import AdaptiveClipping
 from tff_dp.errors import UserInputError
 
 
@@ -27,17 +27,17 @@ def _fixed(clip, noise, adaptive, noise_allocation, extra):
 
 def _adaptive(clip, noise, adaptive, noise_allocation, extra):
   del noise_allocation, extra
-  return AdaptiveClipGaussianFactory(initial_clip=clip, **noise, **adaptive)
+  return AdaptiveClipGaussianFactory(initial_clip=clip, adaptive=adaptive, **noise)
 
 
 def _per_layer_adaptive(clip, noise, adaptive, noise_allocation, extra):
   return PerLayerAdaptiveClipFactory(initial_clip=clip, noise_allocation=noise_allocation,
-                                     **noise, **adaptive, **extra)
+                                     adaptive=adaptive, **noise, **extra)
 
 
 def _joint(clip, noise, adaptive, noise_allocation, extra):
-  return JointClipFactory(initial_scale=clip, noise_allocation=noise_allocation, **noise,
-                          **adaptive, **extra)
+  return JointClipFactory(initial_scale=clip, noise_allocation=noise_allocation,
+                          adaptive=adaptive, **noise, **extra)
 
 
 def _ftrl(clip, noise, adaptive, noise_allocation, extra):
@@ -47,13 +47,7 @@ def _ftrl(clip, noise, adaptive, noise_allocation, extra):
 
 def _ftrl_adaptive(clip, noise, adaptive, noise_allocation, extra):
   del noise_allocation
-  if adaptive['update_rule'] != 'geometric':
-    raise UserInputError("DP aggregation kind 'ftrl_adaptive' adapts its clip geometrically "
-                         f"(as TFF), got `update_rule` {adaptive['update_rule']!r}")
-  return FtrlAdaptiveFactory(
-      initial_clip=clip, target_unclipped_quantile=adaptive['target_unclipped_quantile'],
-      clip_learning_rate=adaptive['clip_learning_rate'],
-      clipped_count_stddev=adaptive['clipped_count_stddev'], **noise, **extra)
+  return FtrlAdaptiveFactory(initial_clip=clip, adaptive=adaptive, **noise, **extra)
 
 
 # DP kind -> factory builder (`clip` is the initial clip, or the initial scale alpha for joint).
@@ -72,16 +66,15 @@ DP_KINDS = tuple(_FACTORIES)
 
 
 def build_dp_aggregator(kind: str, *, noise_multiplier: float, clients_per_round: float,
-                        clip: float, target_unclipped_quantile: float = 0.5,
-                        clip_learning_rate: float = 0.2, update_rule: str = 'geometric',
-                        clipped_count_stddev: Optional[float] = None,
+                        clip: float, adaptive: AdaptiveClipping = AdaptiveClipping(),
                         noise_allocation: str = 'proportional', **kwargs):
-  """The factory for `kind` (`clip` is the initial clip, or initial scale alpha for joint).
+  """The factory for `kind` (`clip` is the initial clip, or initial scale alpha for joint;
+  `adaptive`: how adaptive kinds adapt it, unused by fixed kinds).
 
   Extra keyword arguments go to the per_layer_adaptive (`groups`) and joint (`groups`,
   `joint_clip`, `adaptive_scales`) factories, and to the tree factories (`rounds_per_epoch`,
   `noise_seed`; ftrl_adaptive also `restart_warmup`, `restart_frequency`); anything else is a
-  UserInputError. The tree factories use neither `update_rule` (geometric, as TFF) nor
+  UserInputError. ftrl_adaptive adapts geometrically (as TFF); the tree factories use no
   `noise_allocation`.
   """
   if kind not in DP_KINDS:
@@ -94,7 +87,4 @@ def build_dp_aggregator(kind: str, *, noise_multiplier: float, clients_per_round
     raise UserInputError(f'DP aggregation kind {kind!r} does not take {", ".join(unknown)}'
                          + (f' (it takes {", ".join(allowed)})' if allowed else ''))
   noise = dict(noise_multiplier=noise_multiplier, clients_per_round=clients_per_round)
-  adaptive = dict(target_unclipped_quantile=target_unclipped_quantile,
-                  clip_learning_rate=clip_learning_rate, update_rule=update_rule,
-                  clipped_count_stddev=clipped_count_stddev)
   return _FACTORIES[kind](clip, noise, adaptive, noise_allocation, kwargs)

@@ -16,6 +16,7 @@ import tensorflow_privacy as tfp
 from tff_dp import noise_budget
 from tff_dp.aggregators import estimate_floor
 from tff_dp.aggregators import privacy_queries
+from tff_dp import adaptive_clipping
 from tff_dp.aggregators import quantile_clipping
 from tff_dp.aggregators.reporting import ReportingDPFactory
 
@@ -24,6 +25,9 @@ def _quantile_tuples(quantile_state):
   """(S, sigma) of the clipped-count query inside a QuantileEstimatorQuery state."""
   count_state = quantile_state.below_estimate_state.numerator_state
   return privacy_queries.query_tuple(count_state.l2_norm_clip, count_state.stddev)
+
+
+_DEFAULT = adaptive_clipping.AdaptiveClipping()
 
 
 class AdaptiveClipGaussianFactory(ReportingDPFactory):
@@ -37,28 +41,26 @@ class AdaptiveClipGaussianFactory(ReportingDPFactory):
   """
 
   def __init__(self, *, noise_multiplier: float, clients_per_round: float,
-               initial_clip: float, target_unclipped_quantile: float = 0.5,
-               clip_learning_rate: float = 0.2, update_rule: str = 'geometric',
-               clipped_count_stddev: float | None = None):
+               initial_clip: float,
+               adaptive: adaptive_clipping.AdaptiveClipping = _DEFAULT):
     quantile_clipping.check_adaptive_args(
         noise_multiplier=noise_multiplier, clients_per_round=clients_per_round,
-        initial_clip=initial_clip, target_unclipped_quantile=target_unclipped_quantile,
-        clip_learning_rate=clip_learning_rate, update_rule=update_rule)
+        initial_clip=initial_clip)
+    self.adaptive = adaptive
     self.noise_multiplier = float(noise_multiplier)
     self.clipped_count_stddev = quantile_clipping.resolve_count_stddev(
-        self.noise_multiplier, clipped_count_stddev, clients_per_round)
+        self.noise_multiplier, adaptive.clipped_count_stddev, clients_per_round)
     self.update_noise_multiplier = noise_budget.update_noise_multiplier(
         self.noise_multiplier, self.clipped_count_stddev)
-    self.update_rule = update_rule
     query = tfp.NormalizedQuery(
         estimate_floor.FlooredQuantileAdaptiveClipSumQuery(
             initial_l2_norm_clip=float(initial_clip),
             noise_multiplier=self.update_noise_multiplier,
-            target_unclipped_quantile=float(target_unclipped_quantile),
-            learning_rate=float(clip_learning_rate),
+            target_unclipped_quantile=float(adaptive.target_unclipped_quantile),
+            learning_rate=float(adaptive.clip_learning_rate),
             clipped_count_stddev=self.clipped_count_stddev,
             expected_num_records=float(clients_per_round),
-            geometric_update=update_rule == 'geometric'),
+            geometric_update=adaptive.geometric),
         denominator=float(clients_per_round))
 
     def tuples(query_state):
@@ -68,9 +70,9 @@ class AdaptiveClipGaussianFactory(ReportingDPFactory):
                                              state.sum_state.stddev),
           clipped_count=_quantile_tuples(state.quantile_estimator_state))
 
-    geometric = update_rule == 'geometric'
-    gamma = float(target_unclipped_quantile)
-    eta = float(clip_learning_rate)
+    geometric = adaptive.geometric
+    gamma = float(adaptive.target_unclipped_quantile)
+    eta = float(adaptive.clip_learning_rate)
 
     def metrics(query_state, inner_measurements):
       clip_used = query_state.numerator_state.sum_state.l2_norm_clip

@@ -25,9 +25,11 @@ from tensorflow_privacy.privacy.dp_query import quantile_estimator_query
 
 from tff_dp import noise_budget
 from tff_dp.aggregators import groups as groups_lib
+from tff_dp import adaptive_clipping
 from tff_dp.aggregators import quantile_clipping
 from tff_dp.aggregators import tree_aggregation
 from tff_dp.aggregators.fixed import ReportingDPFactory
+from tff_dp.errors import UserInputError
 
 
 class _SeededTreeQuantileEstimatorQuery(quantile_estimator_query.TreeQuantileEstimatorQuery):
@@ -60,6 +62,9 @@ class _SeededQAdaClipTreeResSumQuery(tfp.QAdaClipTreeResSumQuery):
         expected_num_records, geometric_update, noise_seed=count_noise_seed)
 
 
+_DEFAULT = adaptive_clipping.AdaptiveClipping()
+
+
 class FtrlAdaptiveFactory(tff.aggregators.UnweightedAggregationFactory):
   """DP-FTRL with adaptive clipping. Measurements: privacy_queries {update, clipped_count}
   (clip and per-node stddev of each tree), tree_aggregation {leaf}, clip (used this round),
@@ -67,22 +72,22 @@ class FtrlAdaptiveFactory(tff.aggregators.UnweightedAggregationFactory):
 
   def __init__(self, *, noise_multiplier: float, clients_per_round: float,
                initial_clip: float, restart_warmup: int = 128, restart_frequency: int = 1024,
-               target_unclipped_quantile: float = 0.5, clip_learning_rate: float = 0.2,
-               clipped_count_stddev: float | None = None, rounds_per_epoch: int | None = None,
-               noise_seed: int | None = None):
+               adaptive: adaptive_clipping.AdaptiveClipping = _DEFAULT,
+               rounds_per_epoch: int | None = None, noise_seed: int | None = None):
     quantile_clipping.check_adaptive_args(
         noise_multiplier=noise_multiplier, clients_per_round=clients_per_round,
-        initial_clip=initial_clip, target_unclipped_quantile=target_unclipped_quantile,
-        clip_learning_rate=clip_learning_rate, update_rule='geometric')
+        initial_clip=initial_clip)
+    if not adaptive.geometric:
+      raise UserInputError("DP-FTRL's adaptive clip is updated geometrically (as TFF's "
+                           f'tree_adaptive), got `update_rule` {adaptive.update_rule!r}')
     tree_aggregation.check_restarts(restart_warmup, restart_frequency)
     self.noise_multiplier = float(noise_multiplier)
     self.clients_per_round = float(clients_per_round)
     self.initial_clip = float(initial_clip)
     self.restart_warmup, self.restart_frequency = restart_warmup, restart_frequency
-    self.target_unclipped_quantile = float(target_unclipped_quantile)
-    self.clip_learning_rate = float(clip_learning_rate)
+    self.adaptive = adaptive
     self.clipped_count_stddev = quantile_clipping.resolve_count_stddev(
-        self.noise_multiplier, clipped_count_stddev, clients_per_round)
+        self.noise_multiplier, adaptive.clipped_count_stddev, clients_per_round)
     self.update_noise_multiplier = noise_budget.update_noise_multiplier(
         self.noise_multiplier, self.clipped_count_stddev)
     self.rounds_per_epoch = tree_aggregation.check_rounds_per_epoch(rounds_per_epoch)
@@ -98,7 +103,8 @@ class FtrlAdaptiveFactory(tff.aggregators.UnweightedAggregationFactory):
                   else (seed + 1) % 2**63)
     sum_query = _SeededQAdaClipTreeResSumQuery(
         self.initial_clip, self.update_noise_multiplier, specs,
-        self.target_unclipped_quantile, self.clip_learning_rate, self.clipped_count_stddev,
+        float(self.adaptive.target_unclipped_quantile),
+        float(self.adaptive.clip_learning_rate), self.clipped_count_stddev,
         self.clients_per_round, geometric_update=True, noise_seed=seed,
         count_noise_seed=count_seed)
     if self.rounds_per_epoch is None:

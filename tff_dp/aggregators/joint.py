@@ -24,6 +24,7 @@ from tff_dp import noise_budget
 from tff_dp.aggregators import estimate_floor
 from tff_dp.aggregators import groups as groups_lib
 from tff_dp.aggregators import privacy_queries
+from tff_dp import adaptive_clipping
 from tff_dp.aggregators import quantile_clipping
 from tff_dp.aggregators.reporting import ReportingDPFactory
 from tff_dp.errors import UserInputError
@@ -90,6 +91,9 @@ class JointClipSumQuery(tfp.SumAggregationDPQuery):
     return collections.OrderedDict(scales=self._scales(global_state))
 
 
+_DEFAULT = adaptive_clipping.AdaptiveClipping()
+
+
 class JointClipFactory(tff.aggregators.UnweightedAggregationFactory):
   """Joint clipping per group (default: one group of all tensors) with per-vector scales.
 
@@ -107,16 +111,13 @@ class JointClipFactory(tff.aggregators.UnweightedAggregationFactory):
   def __init__(self, *, noise_multiplier: float, clients_per_round: float,
                initial_scale: Union[float, Sequence[float]] = 1.0,
                joint_clip: Optional[float] = None, adaptive_scales: bool = True,
-               target_unclipped_quantile: float = 0.5, clip_learning_rate: float = 0.2,
-               update_rule: str = 'geometric', clipped_count_stddev: Optional[float] = None,
+               adaptive: adaptive_clipping.AdaptiveClipping = _DEFAULT,
                noise_allocation: str = 'proportional', groups: groups_lib.Groups = 'all'):
     scales = ([float(a) for a in initial_scale] if isinstance(initial_scale, (list, tuple))
               else None)
     quantile_clipping.check_adaptive_args(
         noise_multiplier=noise_multiplier, clients_per_round=clients_per_round,
-        initial_clip=min(scales) if scales else initial_scale,
-        target_unclipped_quantile=target_unclipped_quantile,
-        clip_learning_rate=clip_learning_rate, update_rule=update_rule)
+        initial_clip=min(scales) if scales else initial_scale)
     if joint_clip is not None and not joint_clip > 0:
       raise UserInputError(f'joint_clip must be positive, got {joint_clip}')
     noise_budget.check_noise_allocation(noise_allocation)
@@ -125,20 +126,27 @@ class JointClipFactory(tff.aggregators.UnweightedAggregationFactory):
     self.initial_scale = scales if scales else float(initial_scale)
     self.joint_clip = None if joint_clip is None else float(joint_clip)
     self.adaptive_scales = bool(adaptive_scales)
-    self.target_unclipped_quantile = float(target_unclipped_quantile)
-    self.clip_learning_rate = float(clip_learning_rate)
-    self.update_rule = update_rule
+    self.adaptive = adaptive
     self.clipped_count_stddev = (
-        quantile_clipping.resolve_count_stddev(self.noise_multiplier, clipped_count_stddev,
-                                       clients_per_round) if self.adaptive_scales else 0.0)
+        quantile_clipping.resolve_count_stddev(self.noise_multiplier,
+                                               adaptive.clipped_count_stddev,
+                                               clients_per_round)
+        if self.adaptive_scales else 0.0)
     self.noise_allocation = noise_allocation
     self._groups = groups
+
+  def groups_for(self, shapes) -> list[list[int]]:
+    """The groups (flat tensor indices) jointly clipped for tensors of these shapes: a pure
+    function of the factory's settings, the one `create` uses."""
+    shapes = list(shapes)
+    if self._groups == 'all':
+      return [list(range(len(shapes)))]
+    return groups_lib.resolve_groups(self._groups, shapes)
 
   def create(self, value_type) -> tff.templates.AggregationProcess:
     specs, shapes = groups_lib.value_specs_and_shapes(value_type)
     n = len(shapes)
-    groups = [list(range(n))] if self._groups == 'all' else groups_lib.resolve_groups(
-        self._groups, shapes)
+    groups = self.groups_for(shapes)
     names = groups_lib.group_names(len(groups))
     scales = self.initial_scale if isinstance(self.initial_scale, list) else [
         self.initial_scale] * n
@@ -150,15 +158,15 @@ class JointClipFactory(tff.aggregators.UnweightedAggregationFactory):
     multipliers = noise_budget.group_noise_multipliers(
         z_v, groups_lib.group_sizes(groups, shapes), self.noise_allocation)
     clips = [self.joint_clip or math.sqrt(len(g)) for g in groups]
-    geometric = self.update_rule == 'geometric'
+    geometric = self.adaptive.geometric
     sub_queries = []
     for g, z, s in zip(groups, multipliers, clips):
       estimator = None
       if self.adaptive_scales:
         estimator = nested_query.NestedSumQuery([
             tfp.QuantileEstimatorQuery(
-                initial_estimate=scales[i], target_quantile=self.target_unclipped_quantile,
-                learning_rate=self.clip_learning_rate,
+                initial_estimate=scales[i], target_quantile=self.adaptive.target_unclipped_quantile,
+                learning_rate=self.adaptive.clip_learning_rate,
                 below_estimate_stddev=self.clipped_count_stddev,
                 expected_num_records=self.clients_per_round, geometric_update=geometric)
             for i in g])
@@ -167,7 +175,7 @@ class JointClipFactory(tff.aggregators.UnweightedAggregationFactory):
         groups_lib.RegroupedSumQuery(nested_query.NestedSumQuery(sub_queries), groups, specs),
         denominator=self.clients_per_round)
     adaptive = self.adaptive_scales
-    gamma, eta = self.target_unclipped_quantile, self.clip_learning_rate
+    gamma, eta = self.adaptive.target_unclipped_quantile, self.adaptive.clip_learning_rate
 
     def tuples(query_state):
       out = collections.OrderedDict()
@@ -200,5 +208,4 @@ class JointClipFactory(tff.aggregators.UnweightedAggregationFactory):
         out['unclipped_fraction_estimate'] = fraction
       return out
 
-    self.groups, self.noise_multipliers = groups, dict(zip(names, multipliers))
     return ReportingDPFactory(query, tuples, metrics).create(value_type)

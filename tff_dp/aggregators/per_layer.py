@@ -21,9 +21,13 @@ from tff_dp import noise_budget
 from tff_dp.aggregators import estimate_floor
 from tff_dp.aggregators import groups as groups_lib
 from tff_dp.aggregators import privacy_queries
+from tff_dp import adaptive_clipping
 from tff_dp.aggregators import quantile_clipping
 from tff_dp.aggregators.reporting import ReportingDPFactory
 from tff_dp.errors import UserInputError
+
+
+_DEFAULT = adaptive_clipping.AdaptiveClipping()
 
 
 class PerLayerAdaptiveClipFactory(tff.aggregators.UnweightedAggregationFactory):
@@ -34,31 +38,26 @@ class PerLayerAdaptiveClipFactory(tff.aggregators.UnweightedAggregationFactory):
   (sigma_g = z_v sqrt(G) S_g) or dimensionality (sigma_g = z_v sqrt(D/d_g) S_g).
   Measurements: privacy_queries {update/group_g, clipped_count/group_g}, clip {group_g},
   next_clip {group_g}, unclipped_fraction_estimate {group_g} (understated in a round where the
-  MIN_ESTIMATE floor binds). After create(), the Python attributes `groups` and
-  `noise_multipliers` (z_g per group) describe the built process.
+  MIN_ESTIMATE floor binds). `groups_for(shapes)` and `group_noise_multipliers(sizes)` say
+  how a model of given shapes is grouped and noised.
   """
 
   def __init__(self, *, noise_multiplier: float, clients_per_round: float,
-               initial_clip: Union[float, Sequence[float]], target_unclipped_quantile: float = 0.5,
-               clip_learning_rate: float = 0.2, update_rule: str = 'geometric',
-               clipped_count_stddev: Optional[float] = None,
+               initial_clip: Union[float, Sequence[float]],
+               adaptive: adaptive_clipping.AdaptiveClipping = _DEFAULT,
                noise_allocation: str = 'proportional', groups: groups_lib.Groups = None):
     clips = ([float(c) for c in initial_clip] if isinstance(initial_clip, (list, tuple))
              else None)
     quantile_clipping.check_adaptive_args(
         noise_multiplier=noise_multiplier, clients_per_round=clients_per_round,
-        initial_clip=min(clips) if clips else initial_clip,
-        target_unclipped_quantile=target_unclipped_quantile,
-        clip_learning_rate=clip_learning_rate, update_rule=update_rule)
+        initial_clip=min(clips) if clips else initial_clip)
     noise_budget.check_noise_allocation(noise_allocation)
+    self.adaptive = adaptive
     self.noise_multiplier = float(noise_multiplier)
     self.clients_per_round = float(clients_per_round)
     self.initial_clip = clips if clips else float(initial_clip)
-    self.target_unclipped_quantile = float(target_unclipped_quantile)
-    self.clip_learning_rate = float(clip_learning_rate)
-    self.update_rule = update_rule
     self.clipped_count_stddev = quantile_clipping.resolve_count_stddev(
-        self.noise_multiplier, clipped_count_stddev, clients_per_round)
+        self.noise_multiplier, adaptive.clipped_count_stddev, clients_per_round)
     self.noise_allocation = noise_allocation
     self._groups = groups
     if not callable(groups) and groups is not None:
@@ -72,9 +71,14 @@ class PerLayerAdaptiveClipFactory(tff.aggregators.UnweightedAggregationFactory):
                                          len(sizes))
     return noise_budget.group_noise_multipliers(z_v, sizes, self.noise_allocation)
 
+  def groups_for(self, shapes) -> list[list[int]]:
+    """The groups (flat tensor indices) this factory clips separately for tensors of these
+    shapes: a pure function of its settings, the one `create` uses."""
+    return groups_lib.resolve_groups(self._groups, list(shapes))
+
   def create(self, value_type) -> tff.templates.AggregationProcess:
     specs, shapes = groups_lib.value_specs_and_shapes(value_type)
-    groups = groups_lib.resolve_groups(self._groups, shapes)
+    groups = self.groups_for(shapes)
     sizes = groups_lib.group_sizes(groups, shapes)
     names = groups_lib.group_names(len(groups))
     multipliers = self.group_noise_multipliers(sizes)
@@ -84,12 +88,12 @@ class PerLayerAdaptiveClipFactory(tff.aggregators.UnweightedAggregationFactory):
         raise UserInputError(f'{len(clips)} initial clips given for {len(groups)} groups')
     else:
       clips = [clips] * len(groups)
-    geometric = self.update_rule == 'geometric'
+    geometric = self.adaptive.geometric
     sub_queries = [
         estimate_floor.FlooredQuantileAdaptiveClipSumQuery(
             initial_l2_norm_clip=c, noise_multiplier=z,
-            target_unclipped_quantile=self.target_unclipped_quantile,
-            learning_rate=self.clip_learning_rate,
+            target_unclipped_quantile=self.adaptive.target_unclipped_quantile,
+            learning_rate=self.adaptive.clip_learning_rate,
             clipped_count_stddev=self.clipped_count_stddev,
             expected_num_records=self.clients_per_round, geometric_update=geometric)
         for c, z in zip(clips, multipliers)]
@@ -109,7 +113,7 @@ class PerLayerAdaptiveClipFactory(tff.aggregators.UnweightedAggregationFactory):
                                                                    count.stddev)
       return out
 
-    gamma, eta = self.target_unclipped_quantile, self.clip_learning_rate
+    gamma, eta = self.adaptive.target_unclipped_quantile, self.adaptive.clip_learning_rate
 
     def metrics(query_state, inner_measurements):
       # Post-round clips are in TFF's dp_query_metrics, named '<group index>/clip' by tfp.
@@ -123,7 +127,5 @@ class PerLayerAdaptiveClipFactory(tff.aggregators.UnweightedAggregationFactory):
       return collections.OrderedDict(clip=clip, next_clip=next_clip,
                                      unclipped_fraction_estimate=fraction)
 
-    self.noise_multipliers = dict(zip(names, multipliers))
-    self.groups = groups
     return ReportingDPFactory(query, tuples, metrics).create(value_type)
 

@@ -8,25 +8,15 @@ checks, the default clipped-count noise, and b recovered from two clips.
 
 import tensorflow as tf
 
-from tff_dp import choices
 from tff_dp import noise_budget
 from tff_dp.errors import UserInputError
 
-UPDATE_RULES = tuple(choices.CLIP_UPDATE_RULES)
 
-
-def check_adaptive_args(*, noise_multiplier, clients_per_round, initial_clip,
-                        target_unclipped_quantile, clip_learning_rate, update_rule):
-  """UserInputError for out-of-range adaptive-clipping settings."""
-  if update_rule not in UPDATE_RULES:
-    raise UserInputError(f'update rule must be {choices.one_of(UPDATE_RULES)}, got {update_rule!r}')
-  if not 0 < target_unclipped_quantile < 1:
-    raise UserInputError('target_unclipped_quantile must be in (0, 1), got '
-                         f'{target_unclipped_quantile}')
+def check_adaptive_args(*, noise_multiplier, clients_per_round, initial_clip):
+  """UserInputError for out-of-range settings of an adaptive factory (its `AdaptiveClipping`
+  checked itself)."""
   if not initial_clip > 0:
     raise UserInputError(f'initial clip must be positive, got {initial_clip}')
-  if not clip_learning_rate > 0:
-    raise UserInputError(f'clip_learning_rate must be positive, got {clip_learning_rate}')
   if not clients_per_round > 0:
     raise UserInputError(f'clients_per_round must be positive, got {clients_per_round}')
   if not noise_multiplier >= 0:

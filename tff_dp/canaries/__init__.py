@@ -24,12 +24,12 @@ from tff_dp.canaries.directions import KEY_BYTES
 from tff_dp.canaries.directions import UNSEEN
 from tff_dp.canaries.estimate import all_iterates_epsilon
 from tff_dp.canaries.estimate import all_iterates_statistic
-from tff_dp.canaries.estimate import bootstrap_interval
+from tff_dp.canaries.bootstrap import bootstrap_interval
 from tff_dp.canaries.estimate import CanaryEstimate
 from tff_dp.canaries.estimate import cosines
 from tff_dp.canaries.estimate import epsilon_from_cosines
 from tff_dp.canaries.estimate import epsilon_from_cosines_closed_form_null
-from tff_dp.canaries.estimate import EstimateInterval
+from tff_dp.canaries.bootstrap import EstimateInterval
 from tff_dp.canaries.estimate import gaussian_pair_epsilon
 from tff_dp.canaries.tracker import CanaryTracker
 

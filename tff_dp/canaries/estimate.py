@@ -97,7 +97,8 @@ def _vector(values: Any, name: str) -> np.ndarray:
   return array
 
 
-def _statistics(values: Any, name: str) -> np.ndarray:
+def statistics(values: Any, name: str) -> np.ndarray:
+  """`values` as a finite 1-D array of at least 2 statistics (a Gaussian is fitted to them)."""
   array = _vector(values, name)
   if array.size < 2:
     raise UserInputError(f'`{name}` needs at least 2 canary statistics to fit a Gaussian, '
@@ -105,7 +106,8 @@ def _statistics(values: Any, name: str) -> np.ndarray:
   return array
 
 
-def _check_delta(delta: Any) -> float:
+def check_delta(delta: Any) -> float:
+  """`delta` as a float in (0, 1); UserInputError otherwise."""
   number = isinstance(delta, (int, float, np.integer, np.floating)) and not isinstance(delta, bool)
   if not number or not 0.0 < delta < 1.0:
     raise UserInputError(f'`delta` must be a number in (0, 1), got {delta!r}')
@@ -233,7 +235,7 @@ def gaussian_pair_epsilon(null_mean: float, null_std: float, mean: float, std: f
   0 when it is already (0, delta); `math.inf` when a std is 0 and the distributions differ
   (a point mass against anything else is distinguishable with certainty).
   """
-  delta = _check_delta(delta)
+  delta = check_delta(delta)
   for name, value in (('null_mean', null_mean), ('mean', mean), ('null_std', null_std),
                       ('std', std)):
     if not math.isfinite(value):
@@ -260,7 +262,8 @@ def gaussian_pair_epsilon(null_mean: float, null_std: float, mean: float, std: f
   return float(optimize.brentq(excess, low, high, xtol=1e-12, rtol=1e-10))
 
 
-def _fit(values: np.ndarray) -> tuple[float, float]:
+def fit(values: np.ndarray) -> tuple[float, float]:
+  """(mean, sample std) of `values`: the Gaussian fitted to canary statistics."""
   return float(values.mean()), float(values.std(ddof=1))
 
 
@@ -273,9 +276,9 @@ def epsilon_from_cosines(inserted: Any, unseen: Any, delta: float) -> CanaryEsti
   needs no unseen canaries; this one checks the null instead of assuming it (a mean away from
   0 or a std away from 1/sqrt(d) says the directions were not independent of the update).
   """
-  inserted = _statistics(inserted, 'inserted')
-  unseen = _statistics(unseen, 'unseen')
-  return _estimate(inserted, *_fit(unseen), unseen.size, delta)
+  inserted = statistics(inserted, 'inserted')
+  unseen = statistics(unseen, 'unseen')
+  return _estimate(inserted, *fit(unseen), unseen.size, delta)
 
 
 def epsilon_from_cosines_closed_form_null(inserted: Any, dim: int,
@@ -285,7 +288,7 @@ def epsilon_from_cosines_closed_form_null(inserted: Any, dim: int,
   number of model weights the directions span; the Gaussian form of the null is what the
   paper's code uses for d >= 1000, and below that it is only approximate).
   """
-  inserted = _statistics(inserted, 'inserted')
+  inserted = statistics(inserted, 'inserted')
   if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
     raise UserInputError(f'`dim` must be a positive integer, got {dim!r}')
   return _estimate(inserted, 0.0, 1.0 / math.sqrt(dim), 0, delta)
@@ -296,82 +299,15 @@ def all_iterates_epsilon(inserted_max: Any, unseen_max: Any, delta: float) -> Ca
   `all_iterates_statistic` (max over rounds of the cosine), and the epsilon of that pair at
   `delta` (the null of a maximum has no simple closed form, so it is fitted, as in the paper).
   """
-  inserted_max = _statistics(inserted_max, 'inserted_max')
-  unseen_max = _statistics(unseen_max, 'unseen_max')
-  return _estimate(inserted_max, *_fit(unseen_max), unseen_max.size, delta)
-
-
-@dataclasses.dataclass(frozen=True)
-class EstimateInterval:
-  """A percentile-bootstrap confidence interval of a canary estimate, and whether K canaries
-  say anything.
-
-  Attributes:
-    low, high: the interval's ends (epsilon at the estimate's delta).
-    confidence: its nominal coverage (e.g. 0.95).
-    too_few_canaries: None when the interval excludes 0 and its half-width is at most half the
-      estimate; otherwise why not, with the number of canaries that would get there (the
-      width shrinks as 1/sqrt(K)).
-  """
-  low: float
-  high: float
-  confidence: float
-  too_few_canaries: Optional[str]
-
-
-def bootstrap_interval(inserted: Any, delta: float, *, unseen: Any = None,
-                       null: Optional[tuple[float, float]] = None, confidence: float = 0.95,
-                       resamples: int = 200, seed: int = 0) -> EstimateInterval:
-  """Confidence interval of the estimate from `inserted` statistics against a fitted null
-  (`unseen` statistics, resampled too) or a fixed one (`null` = (mean, std), e.g. the
-  closed-form N(0, 1/d)): the `confidence` percentile interval of the estimate over
-  `resamples` resamplings of the canaries with replacement (seeded: the same statistics give
-  the same interval).
-
-  Why: at small K the fitted std carries a relative error ~ 1/sqrt(2K), and any mismatch with
-  the null raises epsilon, so a point estimate alone overstates what K canaries show (K = 20
-  with no signal at all gives a median estimate of ~3).
-  """
-  inserted = _statistics(inserted, 'inserted')
-  if (unseen is None) == (null is None):
-    raise UserInputError('give `unseen` statistics or a closed-form `null`, not both')
-  unseen = None if unseen is None else _statistics(unseen, 'unseen')
-  delta = _check_delta(delta)
-  rng = np.random.default_rng(seed)
-
-  def epsilon_of(sample: np.ndarray, null_sample: Optional[np.ndarray]) -> float:
-    null_mu, null_sigma = null if null_sample is None else _fit(null_sample)
-    return gaussian_pair_epsilon(null_mu, null_sigma, *_fit(sample), delta)
-
-  point = epsilon_of(inserted, unseen)
-  values = np.array([
-      epsilon_of(rng.choice(inserted, inserted.size),
-                 None if unseen is None else rng.choice(unseen, unseen.size))
-      for _ in range(resamples)])
-  tail = (1.0 - confidence) / 2.0
-  low, high = (float(v) for v in np.quantile(values, [tail, 1.0 - tail]))
-  return EstimateInterval(low, high, confidence,
-                          _too_few(point, low, high, inserted.size, confidence))
-
-
-def _too_few(point: float, low: float, high: float, k: int, confidence: float) -> Optional[str]:
-  half_width = (high - low) / 2.0
-  if low > 0.0 and half_width <= 0.5 * point:
-    return None
-  if not math.isfinite(half_width):
-    return f'the {confidence:.0%} interval is unbounded with K = {k}'
-  if point <= 0.0:
-    return (f'no signal: the estimate is 0, consistent with no privacy loss, at K = {k}')
-  needed = math.ceil(k * (half_width / (0.5 * point)) ** 2)
-  reason = ('the interval includes 0' if low <= 0.0 else
-            f'the interval is +-{half_width:.3g} around {point:.3g}')
-  return f'{reason} at K = {k}; about K = {max(needed, k + 1)} canaries would halve it'
+  inserted_max = statistics(inserted_max, 'inserted_max')
+  unseen_max = statistics(unseen_max, 'unseen_max')
+  return _estimate(inserted_max, *fit(unseen_max), unseen_max.size, delta)
 
 
 def _estimate(inserted: np.ndarray, null_mu: float, null_sigma: float, num_unseen: int,
               delta: Any) -> CanaryEstimate:
-  delta = _check_delta(delta)
-  mu, sigma = _fit(inserted)
+  delta = check_delta(delta)
+  mu, sigma = fit(inserted)
   epsilon = gaussian_pair_epsilon(null_mu, null_sigma, mu, sigma, delta)
   return CanaryEstimate(epsilon=epsilon, mu=mu, sigma=sigma, k=int(inserted.size),
                         null_mu=null_mu, null_sigma=null_sigma, num_unseen=int(num_unseen),

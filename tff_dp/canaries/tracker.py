@@ -21,6 +21,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from tff_dp.canaries import bootstrap
 from tff_dp.canaries import directions as directions_lib
 from tff_dp.canaries import estimate
 
@@ -77,18 +78,18 @@ class CanaryTracker:
                                          self._max[directions_lib.UNSEEN], delta)
 
   def final_model_interval(self, weights: Sequence[Any], delta: float
-                           ) -> Optional[estimate.EstimateInterval]:
+                           ) -> Optional[bootstrap.EstimateInterval]:
     """The bootstrap interval of `final_model_estimate` (None where that is None)."""
     if self.directions.num_inserted < MIN_CANARIES_FOR_A_FIT:
       return None
-    return estimate.bootstrap_interval(self._final_cosines(weights), delta,
+    return bootstrap.bootstrap_interval(self._final_cosines(weights), delta,
                                        null=(0.0, 1.0 / math.sqrt(self.directions.dim)))
 
-  def all_iterates_interval(self, delta: float) -> Optional[estimate.EstimateInterval]:
+  def all_iterates_interval(self, delta: float) -> Optional[bootstrap.EstimateInterval]:
     """The bootstrap interval of `all_iterates_estimate` (None where that is None)."""
     if self.all_iterates_estimate(delta) is None:
       return None
-    return estimate.bootstrap_interval(self._max[directions_lib.INSERTED], delta,
+    return bootstrap.bootstrap_interval(self._max[directions_lib.INSERTED], delta,
                                        unseen=self._max[directions_lib.UNSEEN])
 
   def get_state(self) -> collections.OrderedDict:

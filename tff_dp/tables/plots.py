@@ -9,9 +9,9 @@ import matplotlib
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-top
 
+from tff_dp import plot_axes  # noqa: E402
+from tff_dp.run_format import columns  # noqa: E402
 from tff_dp.tables.run_results import RunResult  # noqa: E402
-from tff_dp.training import metrics_file  # noqa: E402
-from tff_dp.training import plots as run_plots  # noqa: E402
 
 # Model variants evaluated in a run: the last iterate and the checkpoint aggregates.
 _VARIANTS = (('eval_accuracy', '', '-'), ('eval_ema_accuracy', ' (EMA)', '--'),
@@ -41,13 +41,13 @@ def series_labels(results: Sequence[RunResult]) -> list[str]:
 
 
 def _clip_columns(r: RunResult) -> list[str]:
-  return sorted(k for k in r.curve if metrics_file.is_clip_column(k))
+  return sorted(columns.names_with_role(r.curve, columns.CLIP))
 
 
 def _epsilon_label(results: Sequence[RunResult], accountant: str) -> str:
   """The epsilon axis: one delta if all runs share it (else each legend entry names its own)."""
   deltas = {r.delta for r in results if r.epsilon_curve}
-  return run_plots.epsilon_axis_label(deltas.pop() if len(deltas) == 1 else None,
+  return plot_axes.epsilon_axis_label(deltas.pop() if len(deltas) == 1 else None,
                                       [accountant.upper()])
 
 
@@ -96,7 +96,7 @@ def write_plots(results: Sequence[RunResult], out_dir: str, prefix: str, *,
                       [max(by_round[x]) for x in rounds], alpha=0.2, color=line.get_color())
     clip_values += [v for c in cols for _, v in r.curve[c]]
   if ax.lines:
-    run_plots.readable_log_axis(ax, clip_values)
+    plot_axes.readable_log_axis(ax, clip_values)
   ax.set(xlabel='round', ylabel='clip norm (L2)')
   save(fig, ax, 'clip_vs_round', 'Clip norm vs round')
 

@@ -14,7 +14,9 @@ from typing import Optional
 
 from tff_dp import ledger as ledger_lib
 from tff_dp.errors import UserInputError
-from tff_dp.training import metrics_file
+from tff_dp import run_format
+from tff_dp.run_format import columns
+from tff_dp.run_format import metrics_csv
 
 # Paper result keys that are not evaluation metrics of the model.
 PRIVACY_AND_SCHEDULE_KEYS = ('epsilon', 'delta', 'rounds')
@@ -94,7 +96,7 @@ def read_run(path: str, *, delta: Optional[float] = None, method: str = 'rdp') -
     delta: delta for epsilon; default the paper's delta named by the run, else the run's own.
     method: accountant for the replay, 'rdp' or 'pld'.
   """
-  config_path = os.path.join(path, 'config.json')
+  config_path = os.path.join(path, run_format.CONFIG_FILE)
   if not os.path.isfile(config_path):
     raise UserInputError(f'{path} is not a run directory (no config.json)')
   try:
@@ -102,7 +104,7 @@ def read_run(path: str, *, delta: Optional[float] = None, method: str = 'rdp') -
       config = json.load(f)
   except (OSError, json.JSONDecodeError) as e:
     raise UserInputError(f'{config_path} is unreadable: {e}') from None
-  rows = metrics_file.read_rows(os.path.join(path, 'metrics.csv'))
+  rows = metrics_csv.read_numeric_rows(os.path.join(path, run_format.METRICS_FILE))
   paper = config.get('paper_results') or {}
   if delta is None:
     delta = paper.get('delta') or config.get('delta_used')
@@ -113,12 +115,12 @@ def read_run(path: str, *, delta: Optional[float] = None, method: str = 'rdp') -
       if key != 'round' and not math.isnan(value) and not math.isnan(row.get('round', math.nan)):
         curve.setdefault(key, []).append((int(row['round']), value))
   final_eval, final_round = {}, None
-  for key, points in curve.items():
-    if key.startswith('eval_'):
-      final_eval[key[len('eval_'):]] = points[-1][1]
-      final_round = max(final_round or 0, points[-1][0])
+  for key in columns.names_with_role(curve, columns.EVAL):
+    points = curve[key]
+    final_eval[key[len('eval_'):]] = points[-1][1]
+    final_round = max(final_round or 0, points[-1][0])
 
-  ledger_path = os.path.join(path, 'ledger.jsonl')
+  ledger_path = os.path.join(path, run_format.LEDGER_FILE)
   eps_curve = (_epsilon_curve(ledger_path, float(delta), method)
                if delta is not None and os.path.exists(ledger_path) else [])
   return RunResult(

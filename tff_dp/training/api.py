@@ -16,6 +16,7 @@ from tff_dp import runtime
 from tff_dp.training import components
 from tff_dp.training import experiment
 from tff_dp.training import stop_signal
+from tff_dp.training import task_protocol
 from tff_dp.training.config import ExperimentConfig
 
 
@@ -43,10 +44,13 @@ def load_task(cfg: ExperimentConfig):
                     shuffle_seed=cfg.training.seed, **t.task_options())
 
 
-def run(cfg: ExperimentConfig, *, log=print,
+def run(cfg: ExperimentConfig, *, task=None, log=print,
         stop: Optional[stop_signal.StopSignal] = None) -> components.RunSummary:
   """Runs (or, with `output.resume`, resumes) the experiment `cfg` describes; returns how it
   ended (`RunSummary`: `run_dir`, `rounds_completed`, ...).
+
+  `task`: your own task (an object implementing `tff_dp.training.task_protocol`), trained as it
+  is; None builds the registered task `cfg.task` names, from its settings.
 
   Bad settings or data raise `tff_dp.errors.UserInputError` before anything is written; a
   fault during the run raises `RunFailedError` with the run directory consistent. `log`
@@ -56,7 +60,8 @@ def run(cfg: ExperimentConfig, *, log=print,
   runtime.manage_workers()   # No TFF worker outlives the program, whatever ends it.
   with _quiet_logs():
     configure_execution(cfg)
-    return experiment.run(cfg, load_task(cfg), log=log, stop=stop)
+    task = load_task(cfg) if task is None else task_protocol.check(task)
+    return experiment.run(cfg, task, log=log, stop=stop)
 
 
 @contextlib.contextmanager

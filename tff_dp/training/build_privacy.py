@@ -51,10 +51,7 @@ def build_aggregator(dp: config_lib.DPConfig, clients_per_round: int,
   return aggregators.build_dp_aggregator(
       dp.kind, noise_multiplier=float(dp.noise_multiplier),
       clients_per_round=float(clients_per_round), clip=float(dp.clip),
-      target_unclipped_quantile=dp.target_unclipped_quantile,
-      clip_learning_rate=dp.clip_learning_rate, update_rule=dp.clip_update_rule,
-      clipped_count_stddev=dp.clipped_count_stddev, noise_allocation=dp.noise_allocation,
-      **tree_options)
+      adaptive=dp.adaptive_clipping, noise_allocation=dp.noise_allocation, **tree_options)
 
 
 def _sampler(cfg: config_lib.SamplingConfig, client_ids, key_path: str, resume: bool):

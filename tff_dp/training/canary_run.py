@@ -19,14 +19,11 @@ import numpy as np
 from tff_dp import canaries
 from tff_dp import checkpoint_aggregation as ca
 from tff_dp.canaries import insertion
-from tff_dp.training import metrics_file
+from tff_dp.run_format import columns
 from tff_dp.training import privacy_statement
 from tff_dp.training import round_hooks
 
 KEY_FILE = 'canary_key'
-# metrics.csv columns of the two estimates (at the run's delta; post-processing of the released
-# models and of randomness independent of the data, so covered by the guarantee).
-FINAL_MODEL_COLUMN, ALL_ITERATES_COLUMN = metrics_file.CANARY_EPSILON_COLUMNS
 
 
 @dataclasses.dataclass(frozen=True, order=True)
@@ -140,8 +137,8 @@ class CanaryRun(round_hooks.RoundHook):
     row = {}
     final = self.tracker.final_model_estimate(trainable, delta)
     if final is not None:
-      row[FINAL_MODEL_COLUMN] = final.epsilon
+      row[columns.CANARY_FINAL_MODEL] = final.epsilon
     every = self.tracker.all_iterates_estimate(delta)
     if every is not None:
-      row[ALL_ITERATES_COLUMN] = every.epsilon
+      row[columns.CANARY_ALL_ITERATES] = every.epsilon
     return row

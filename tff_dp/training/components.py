@@ -9,7 +9,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from tff_dp.training import evaluation
 from tff_dp.training import privacy_recorder
-from tff_dp.training import release
+from tff_dp.run_format import release
 from tff_dp.training import round_hooks
 
 

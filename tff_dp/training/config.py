@@ -1,3 +1,5 @@
+# Longer than 350 lines: every setting of a run is declared here once (about 90, with type,
+# default, help and checks); flags, checks, config.json and docs/FLAGS.md derive from them.
 """The configuration of a run: nested, frozen, keyword-only sections, one field per setting.
 
 `ExperimentConfig` holds one section per concern (task and data, sampling, training, dp,
@@ -22,6 +24,7 @@ import typing
 from typing import Any, Callable, Mapping, Optional
 
 import tasks
+from tff_dp import adaptive_clipping
 from tff_dp import choices
 from tff_dp import noise_budget
 from tff_dp import worker_addresses
@@ -247,6 +250,14 @@ class DPConfig(Section):
   restart_frequency: int = setting(
       1024, '... then every this many rounds (and after every epoch of shuffled '
       'participation).', check=_POSITIVE)
+
+  @property
+  def adaptive_clipping(self) -> adaptive_clipping.AdaptiveClipping:
+    """How an adaptive clip follows the update norms (the settings' one type)."""
+    return adaptive_clipping.AdaptiveClipping(
+        target_unclipped_quantile=self.target_unclipped_quantile,
+        clip_learning_rate=self.clip_learning_rate, update_rule=self.clip_update_rule,
+        clipped_count_stddev=self.clipped_count_stddev)
 
   def _check(self):
     if self.kind == 'none':
@@ -592,11 +603,12 @@ class ExperimentConfig:
       return self.output.rounds_per_checkpoint
     return 1 if self.dp.kind in choices.TREE_DP_KINDS else 10
 
-  def with_run_name(self) -> 'ExperimentConfig':
-    """The config with `experiment_name` set: TASK-DP-TIMESTAMP when it is unset."""
+  def with_run_name(self, task_name: Optional[str] = None) -> 'ExperimentConfig':
+    """The config with `experiment_name` set: TASK-DP-TIMESTAMP when it is unset (TASK:
+    `task_name`, default the registered task's name)."""
     if self.output.experiment_name is not None:
       return self
-    return self.replace(experiment_name=(f'{self.task.name}-{self.dp.kind}-'
+    return self.replace(experiment_name=(f'{task_name or self.task.name}-{self.dp.kind}-'
                                          f'{time.strftime("%Y%m%d-%H%M%S")}'))
 
 

@@ -28,6 +28,11 @@ class CentralizedEvaluator:
     return int(self._model.output_shape[-1])
 
   @property
+  def trainable_shapes(self) -> list[tuple]:
+    """Shapes of the model's trainable weights, in the order of the flat model weights."""
+    return [tuple(v.shape) for v in self._model.trainable_variables]
+
+  @property
   def trainable_weight_names(self) -> list[str]:
     """Names of the model's trainable weights, in the order of the flat model weights."""
     return [v.name.split(':')[0] for v in self._model.trainable_variables]

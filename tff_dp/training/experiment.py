@@ -30,7 +30,7 @@ from tff_dp.training import config as config_lib
 from tff_dp.training import evaluation
 from tff_dp.training import evaluation_hook
 from tff_dp.training import loop
-from tff_dp.training import release
+from tff_dp.run_format import release
 from tff_dp.training import run_dir as run_dir_lib
 from tff_dp.training import stop_signal
 from tff_dp.training.config import ExperimentConfig
@@ -39,13 +39,21 @@ from tff_dp.training.config import ExperimentConfig
 RESUMABLE_CHANGES = config_lib.RESUMABLE_SETTINGS
 
 
-def resume_changes(recorded: dict[str, Any], cfg: ExperimentConfig) -> dict[str, tuple]:
+def settings_to_record(cfg: ExperimentConfig, task_name: str) -> dict[str, Any]:
+  """The settings config.json records: every setting, with `task` the name of the task the run
+  trains (a user's own task object has its own)."""
+  return dict(cfg.settings(), task=task_name)
+
+
+def resume_changes(recorded: dict[str, Any], cfg: ExperimentConfig,
+                   task_name: Optional[str] = None) -> dict[str, tuple]:
   """{setting: (recorded value, new value)} for every setting that differs on resume.
 
   Raises UserInputError naming each differing setting outside `RESUMABLE_CHANGES`. Settings a
   run directory written by an older version did not record are not compared.
   """
-  new = json.loads(json.dumps(cfg.settings()))   # JSON types, as recorded.
+  new = json.loads(json.dumps(   # JSON types, as recorded.
+      settings_to_record(cfg, task_name if task_name is not None else cfg.task.name)))
   changes = {name: (recorded[name], value) for name, value in new.items()
              if name in recorded and name != 'resume' and recorded[name] != value}
   refused = {k: v for k, v in changes.items() if k not in RESUMABLE_CHANGES}
@@ -79,7 +87,7 @@ def run(cfg: ExperimentConfig, task, *, log=print,
   with contextlib.ExitStack() as stack:
     if stop is None:
       stop = stack.enter_context(stop_signal.StopSignal(log))
-    cfg = cfg.with_run_name()
+    cfg = cfg.with_run_name(task.name)
     cfg.validate()
     stop.raise_if_received('during start-up')
     run_dir = stack.enter_context(contextlib.closing(run_dir_lib.RunDirectory(
@@ -121,7 +129,7 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
   (`config.validate()`); `stop` is checked between the slow steps.
   """
   resume = config.output.resume
-  changes = resume_changes(run_dir.read_config(), config) if resume else {}
+  changes = resume_changes(run_dir.read_config(), config, task.name) if resume else {}
   tf.keras.utils.set_random_seed(config.training.seed)
 
   public_ids, train_ids = _train_ids(config, task)
@@ -169,8 +177,7 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
       privacy=build_privacy.recorder(privacy, run_dir.file('ledger.jsonl'), planned, resume,
                                      log),
       hooks=hooks, evaluator=evaluator, log=log,
-      clip_group_labels=_clip_group_labels(privacy.dp_factory,
-                                           evaluator.trainable_weight_names),
+      clip_group_labels=_clip_group_labels(privacy.dp_factory, evaluator),
       check_client_fn=lambda ds: client_data.check_client_dataset(ds, max_index),
       client_value_fn=(build_process.client_id_argument
                        if config.runtime.datasets_on_workers else None))
@@ -194,9 +201,8 @@ def _write_start(config: ExperimentConfig, task, run_dir, facts: release.RunFact
   without them)."""
   run_dir.create(secret_checkpoints=facts.noise_state_in_checkpoints,
                  tensorboard=not facts.private_release)
-  run_dir.write_config(dict(config.settings(), delta_used=delta,
-                            population_size=population_size, task=task.name),
-                       changes=changes)
+  run_dir.write_config(dict(settings_to_record(config, task.name), delta_used=delta,
+                            population_size=population_size), changes=changes)
   for name, key in keys.items():
     if key is not None:
       sampling.save_key(run_dir.secret_file(name), key)
@@ -239,10 +245,11 @@ def _canaries(cfg: config_lib.CanaryConfig, process, task, train_ids, delta: flo
   return canary_run.CanaryRun(directions, lambda: dataset_fn(train_ids[0]).take(0), delta)
 
 
-def _clip_group_labels(dp_factory, weight_names: list[str]) -> dict[str, str]:
-  """'group_g' -> the names of its weights, for per-group (per-layer, joint) clip factories.
-
-  Their `groups` (flat weight indices per group) are set when the process was built."""
-  groups = getattr(dp_factory, 'groups', None) or []
-  return {f'group_{g}': ', '.join(weight_names[i] for i in members)
-          for g, members in enumerate(groups) if all(i < len(weight_names) for i in members)}
+def _clip_group_labels(dp_factory, evaluator) -> dict[str, str]:
+  """'group_g' -> the names of its weights, for per-group (per-layer, joint) clip factories
+  (those that say how they group a model: `groups_for(shapes)`)."""
+  if not hasattr(dp_factory, 'groups_for'):
+    return {}
+  names = evaluator.trainable_weight_names
+  groups = dp_factory.groups_for(evaluator.trainable_shapes)
+  return {f'group_{g}': ', '.join(names[i] for i in members) for g, members in enumerate(groups)}

@@ -20,7 +20,7 @@ from tff_dp.training import checkpointing
 from tff_dp.training import client_data as client_data_lib
 from tff_dp.training import components
 from tff_dp.training import evaluation
-from tff_dp.training import release
+from tff_dp.run_format import release
 from tff_dp.training import report
 from tff_dp.training import resume
 from tff_dp.training import round_hooks

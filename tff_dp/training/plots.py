@@ -7,20 +7,21 @@ one round still shows its point.
 
 import math
 import os
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional
 
 import matplotlib
 
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-top
-from matplotlib import ticker  # noqa: E402  pylint: disable=g-import-not-at-top
 
-from tff_dp.training import metrics_file  # noqa: E402
+from tff_dp import plot_axes  # noqa: E402
+from tff_dp.run_format import columns as columns_lib  # noqa: E402
+from tff_dp.run_format import metrics_csv as metrics_csv_lib  # noqa: E402
 
 
 def _read_columns(metrics_csv: str) -> dict[str, list[float]]:
   columns: dict[str, list[float]] = {}
-  for row in metrics_file.read_rows(metrics_csv):
+  for row in metrics_csv_lib.read_numeric_rows(metrics_csv):
     for key, value in row.items():
       columns.setdefault(key, []).append(value)
   return columns
@@ -29,38 +30,6 @@ def _read_columns(metrics_csv: str) -> dict[str, list[float]]:
 def _finite_pairs(xs, ys):
   pairs = [(x, y) for x, y in zip(xs, ys) if math.isfinite(x) and math.isfinite(y)]
   return [p[0] for p in pairs], [p[1] for p in pairs]
-
-
-_ACCOUNTANTS = {'epsilon_rdp': 'RDP', 'epsilon_pld': 'PLD'}
-
-
-def epsilon_axis_label(delta: Optional[float], accountants: Sequence[str]) -> str:
-  """'epsilon at delta = 1e-05\n(RDP accountant)': what an epsilon axis must say to be
-  checkable (delta None: runs differ in delta, and each legend entry names its own)."""
-  at = f' at delta = {delta:.3g}' if delta is not None else ''
-  return f'epsilon{at}\n({" / ".join(accountants)} accountant)'
-
-
-def readable_log_axis(ax, values) -> None:
-  """Log scale with plain-number ticks (1-2-5 per decade) when the values span more than a
-  factor of 3; a linear axis without offset notation otherwise (a log axis inside one decade
-  can show no labelled tick at all)."""
-  values = [v for v in values if v > 0 and math.isfinite(v)]
-  if values and max(values) / min(values) > 3:
-    ax.set_yscale('log')
-    ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f'{v:g}'))
-    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
-  else:
-    ax.yaxis.set_major_formatter(ticker.ScalarFormatter(useOffset=False))
-
-
-def _round_axis(ax, rounds) -> None:
-  """Integer round ticks, with room around a single round (else matplotlib spans +-5%)."""
-  finite = [r for r in rounds if math.isfinite(r)]
-  if finite and min(finite) == max(finite):
-    ax.set_xlim(finite[0] - 1, finite[0] + 1)
-  ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
 
 
 def _clip_label(column: str, group_labels: Mapping[str, str]) -> str:
@@ -78,7 +47,7 @@ def _epsilon_figure(rounds, curves, ylabel: str, title: str):
             label=label)
   ax.set(xlabel='round', ylabel=ylabel, title=title)
   ax.set_ylim(0, ax.get_ylim()[1] * 1.08)
-  _round_axis(ax, rounds)
+  plot_axes.round_axis(ax, rounds)
   ax.legend(fontsize='small')
   return fig
 
@@ -105,44 +74,48 @@ def write_run_plots(metrics_csv: str, out_dir: str, *, delta: Optional[float] = 
     written.append(path)
 
   # A column with no number at all (PLD of a tree-aggregation run: n/a) is not plotted.
-  eps_cols = [k for k in ('epsilon_rdp', 'epsilon_pld')
-              if k in cols and not all(math.isnan(v) for v in cols[k])]
+  def with_numbers(role):
+    return [k for k in columns_lib.names_with_role(cols, role)
+            if not all(math.isnan(v) for v in cols[k])]
+  eps_cols = with_numbers(columns_lib.EPSILON)
+  accountant = plot_axes.accountant_name
   if eps_cols:
-    save(_epsilon_figure(rounds, [(cols[k], f'{_ACCOUNTANTS[k]} accountant', '-')
+    save(_epsilon_figure(rounds, [(cols[k], f'{accountant(k)} accountant', '-')
                                   for k in eps_cols],
-                         epsilon_axis_label(delta, [_ACCOUNTANTS[k] for k in eps_cols]),
+                         plot_axes.epsilon_axis_label(delta, [accountant(k) for k in eps_cols]),
                          'Privacy spent (accounted from the ledger)'),
          'epsilon_vs_round.png')
 
-  estimate_cols = [k for k in metrics_file.CANARY_EPSILON_COLUMNS
-                   if k in cols and not all(math.isnan(v) for v in cols[k])]
+  estimate_cols = with_numbers(columns_lib.CANARY_EPSILON)
   if estimate_cols:
-    curves = ([(cols[k], f'proven bound ({_ACCOUNTANTS[k]} accountant)', '-') for k in eps_cols]
-              + [(cols[k], metrics_file.CANARY_EPSILON_COLUMNS[k], '--') for k in estimate_cols])
+    curves = ([(cols[k], f'proven bound ({accountant(k)} accountant)', '-') for k in eps_cols]
+              + [(cols[k], columns_lib.column(k).meaning, '--') for k in estimate_cols])
     at = f' at delta = {delta:.3g}' if delta is not None else ''
     save(_epsilon_figure(rounds, curves, f'epsilon{at}', 'Estimated (canaries) vs proven epsilon'),
          'epsilon_estimated_vs_proven.png')
 
-  clip_cols = sorted(k for k in cols if metrics_file.is_clip_column(k))
+  clip_cols = sorted(columns_lib.names_with_role(cols, columns_lib.CLIP))
   if clip_cols:
     fig, ax = plt.subplots(figsize=(6, 4))
     for k in clip_cols[:20]:
       ax.plot(*_finite_pairs(rounds, cols[k]), marker='o', markersize=2,
               label=_clip_label(k, clip_group_labels or {}))
     ax.set(xlabel='round', ylabel='clip norm (L2)', title='Clip norm used in each round')
-    _round_axis(ax, rounds)
-    readable_log_axis(ax, [v for k in clip_cols for v in cols[k]])
+    plot_axes.round_axis(ax, rounds)
+    plot_axes.readable_log_axis(ax, [v for k in clip_cols for v in cols[k]])
     ax.legend(fontsize='x-small' if len(clip_cols) > 4 else 'small')
     save(fig, 'clip_vs_round.png')
 
-  acc_cols = sorted(k for k in cols if k.startswith('eval_') and k.endswith('accuracy'))
+  acc_cols = sorted(k for k in columns_lib.names_with_role(cols, columns_lib.EVAL)
+                    if k.endswith('accuracy'))
   if acc_cols:
     xname = eps_cols[0] if eps_cols else 'round'
     fig, ax = plt.subplots(figsize=(6, 4))
     for k in acc_cols:
       label = k.replace('eval_', '').replace('_accuracy', '').replace('accuracy', 'last iterate')
       ax.plot(*_finite_pairs(cols[xname], cols[k]), marker='.', label=label)
-    ax.set(xlabel=(epsilon_axis_label(delta, [_ACCOUNTANTS[xname]]) if eps_cols else 'round'),
+    ax.set(xlabel=(plot_axes.epsilon_axis_label(delta, [accountant(xname)]) if eps_cols
+                   else 'round'),
            ylabel='eval accuracy',
            title='Accuracy vs privacy' if eps_cols else 'Accuracy vs round')
     ax.legend(fontsize='small')

@@ -1,6 +1,6 @@
 """A run's privacy statement (summary.json and the console's last lines): the guarantee, with the
 epsilon a proof supports as its headline, and what it covers, derived from the one
-classification of outputs (`tff_dp.training.release`).
+classification of outputs (`tff_dp.run_format.release`).
 
 Headlines:
   * Poisson sampling: the accountant's epsilon (exact under add/remove-one).
@@ -16,7 +16,7 @@ Headlines:
 
 from typing import Any, Iterable, Mapping, Optional
 
-from tff_dp.training import release
+from tff_dp.run_format import release
 
 NEIGHBORING_RELATION = 'add_remove'
 # How each relation the accountant uses reads in a statement.

@@ -1,6 +1,6 @@
 """The release/ folder of a private release: the publishable set, to ship as it is.
 
-It holds only outputs the classification (`tff_dp.training.release`) calls covered:
+It holds only outputs the classification (`tff_dp.run_format.release`) calls covered:
   models/NAME.keras   the final model (last iterate) and each checkpoint aggregate (EMA,
                       past-k), in Keras' own format
   metrics.csv         the covered columns (epsilon, clips, evaluation when covered)
@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from tff_dp import atomic_write
-from tff_dp.training import release
+from tff_dp.run_format import release
 
 # Settings a published config.json leaves out: seeds that reproduce secret randomness, and
 # paths of the operator's machine.

@@ -5,15 +5,14 @@ import dataclasses
 from typing import Any, Mapping
 
 from tff_dp import checkpoint_aggregation
-from tff_dp import choices
 from tff_dp import ledger as ledger_lib
+from tff_dp.run_format import columns
 from tff_dp.accounting import guarantee
 from tff_dp.training import components
 from tff_dp.training import evaluation
-from tff_dp.training import metrics_file
 from tff_dp.training import plots
 from tff_dp.training import privacy_statement
-from tff_dp.training import release
+from tff_dp.run_format import release
 from tff_dp.training import release_folder
 from tff_dp.training import round_hooks
 from tff_dp.training import run_dir as run_dir_lib
@@ -28,15 +27,15 @@ def console_line(row: Mapping[str, Any], total_rounds: int) -> str:
     parts.append(f'loss {row["train_loss"]:.4f}')
   if 'train_accuracy' in row:
     parts.append(f'acc {row["train_accuracy"]:.4f}')
-  clips = [v for k, v in row.items() if metrics_file.is_clip_column(k)]
+  clips = [row[k] for k in columns.names_with_role(row, columns.CLIP)]
   if len(clips) == 1:
     parts.append(f'clip {clips[0]:.4g}')
   elif clips:
     parts.append(f'clips {min(clips):.3g}..{max(clips):.3g}')
-  for method in choices.ACCOUNTANTS:
-    if row.get(f'epsilon_{method}') is not None:
-      parts.append(f'eps_{method} {row[f"epsilon_{method}"]:.4g}')
-  estimates = [f'{row[k]:.3g}' for k in metrics_file.CANARY_EPSILON_COLUMNS if k in row]
+  for name in columns.names_with_role(row, columns.EPSILON):
+    if row[name] is not None:
+      parts.append(f'eps_{name.split("_", 1)[1]} {row[name]:.4g}')
+  estimates = [f'{row[k]:.3g}' for k in columns.names_with_role(row, columns.CANARY_EPSILON)]
   if estimates:
     parts.append(f'eps_canary {"/".join(estimates)}')
   if 'eval_accuracy' in row:

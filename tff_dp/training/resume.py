@@ -9,12 +9,13 @@ order of one round"); this module relies on that order.
 from typing import Any, Callable, Sequence
 
 from tff_dp import ledger as ledger_lib
+from tff_dp import run_format
+from tff_dp.run_format import metrics_csv
 from tff_dp.training import checkpointing
 from tff_dp.training import round_hooks
-from tff_dp.training import run_dir as run_dir_lib
 
-SUPERSEDED_METRICS = 'metrics.superseded.csv'
-UNRELEASED_LEDGER = 'ledger.unreleased.jsonl'
+SUPERSEDED_METRICS = run_format.SUPERSEDED_METRICS_FILE
+UNRELEASED_LEDGER = run_format.UNRELEASED_LEDGER_FILE
 
 
 def restore(run_dir, process, initial_state, hooks: Sequence[round_hooks.RoundHook],
@@ -51,7 +52,7 @@ def reconcile_ledger(ledger: ledger_lib.PrivacyLedger, run_dir, checkpoint_round
   """
   records = ledger_lib.read_ledger(ledger.path)
   released_rounds = {int(r['round']) for r in run_dir.metrics.read_rows()}
-  superseded = run_dir_lib.MetricsCsv(run_dir.file(SUPERSEDED_METRICS))
+  superseded = metrics_csv.MetricsCsv(run_dir.file(SUPERSEDED_METRICS))
   released_rounds |= {int(r['round']) for r in superseded.read_rows()}
   unreleased = [r for r in records
                 if r.round_num > checkpoint_round and r.round_num not in released_rounds]

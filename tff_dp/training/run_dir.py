@@ -1,7 +1,7 @@
 """The run directory: config, metrics CSV, TensorBoard, checkpoints; never clobbers a prior run.
 
 Layout of RUN_DIR = root_output_dir/experiment_name (what each output is, privacy-wise, is
-declared in `tff_dp.training.release`):
+declared in `tff_dp.run_format.release`):
   config.json        the flags/config of the run (each resume appends to config_history.jsonl)
   metrics.csv        one row per round (columns grow as eval/aggregate metrics appear)
   ledger.jsonl       the privacy ledger (tff_dp.ledger)
@@ -14,10 +14,8 @@ declared in `tff_dp.training.release`):
 
 import asyncio
 import contextlib
-import csv
 import fcntl
 import json
-import math
 import os
 import time
 from typing import Any, Mapping, Optional
@@ -32,70 +30,12 @@ from tff_dp import atomic_write
 from tff_dp import errors
 from tff_dp.errors import UserInputError
 from tff_dp.training import config as config_lib
-from tff_dp.training import release
+from tff_dp import run_format
+from tff_dp.run_format import metrics_csv
+from tff_dp.run_format import release
 
 _KEEP_CHECKPOINTS = 3
 SECRET_DIR = release.SECRET_DIR
-
-
-class MetricsCsv:
-  """Append-only per-round CSV whose header grows when new metric columns appear.
-
-  A new column forces a rewrite of the file with the union header; the rewrite goes through a
-  temporary file and an atomic rename, so a crash never loses rows already written.
-  """
-
-  def __init__(self, path: str):
-    self.path = path
-    self._columns: list[str] = []
-    if os.path.exists(path):
-      with open(path, newline='') as f:
-        reader = csv.reader(f)
-        self._columns = next(reader, [])
-
-  def read_rows(self) -> list[dict[str, str]]:
-    if not os.path.exists(self.path):
-      return []
-    with open(self.path, newline='') as f:
-      return list(csv.DictReader(f))
-
-  def _rewrite(self, rows, columns) -> None:
-    with atomic_write.replacing(self.path, newline='') as f:
-      writer = csv.DictWriter(f, fieldnames=columns, restval='')
-      writer.writeheader()
-      writer.writerows(rows)
-    self._columns = list(columns)
-
-  def append(self, row: Mapping[str, Any]) -> None:
-    row = {k: _csv_value(v) for k, v in row.items()}
-    new_columns = [k for k in row if k not in self._columns]
-    if new_columns or not os.path.exists(self.path):
-      self._rewrite(self.read_rows(), self._columns + new_columns)
-    with open(self.path, 'a', newline='') as f:
-      csv.DictWriter(f, fieldnames=self._columns, restval='').writerow(row)
-      f.flush()
-      os.fsync(f.fileno())
-
-  def move_rows_after(self, round_num: int, superseded_path: str) -> int:
-    """Moves rows with round > round_num to `superseded_path` (kept, not deleted); returns count."""
-    rows = self.read_rows()
-    keep = [r for r in rows if int(r['round']) <= round_num]
-    moved = [r for r in rows if int(r['round']) > round_num]
-    if moved:
-      exists = os.path.exists(superseded_path)
-      with open(superseded_path, 'a', newline='') as f:
-        writer = csv.DictWriter(f, fieldnames=self._columns, restval='')
-        if not exists:
-          writer.writeheader()
-        writer.writerows(moved)
-      self._rewrite(keep, self._columns)
-    return len(moved)
-
-
-def _csv_value(v):
-  if isinstance(v, float) and math.isnan(v):
-    return 'nan'
-  return v
 
 
 class _StateModule(tf.Module):
@@ -296,7 +236,7 @@ class RunDirectory:
         os.makedirs(os.path.join(self.path, sub), exist_ok=True)
     except OSError as e:
       raise UserInputError(f'cannot create run directory {self.path}: {e.strerror or e}') from e
-    self.metrics = MetricsCsv(self.file('metrics.csv'))
+    self.metrics = metrics_csv.MetricsCsv(self.file(run_format.METRICS_FILE))
     self.state_manager = ReusingFileProgramStateManager(
         self.file(checkpoints), prefix='round_', keep_total=_KEEP_CHECKPOINTS, keep_first=False)
     self._summary_writer = (tf.summary.create_file_writer(self.file('tensorboard'))
@@ -321,12 +261,13 @@ class RunDirectory:
     """Writes config.json (the run's settings, updated by allowed changes on resume) and
     appends the settings to config_history.jsonl, with what a resume changed."""
     entry = dict(config, _written_at=time.strftime('%Y-%m-%dT%H:%M:%S'))
-    if not os.path.exists(self.file('config.json')) or changes:
-      atomic_write.write_text(self.file('config.json'), json.dumps(entry, indent=2, sort_keys=True))
+    if not os.path.exists(self.file(run_format.CONFIG_FILE)) or changes:
+      atomic_write.write_text(self.file(run_format.CONFIG_FILE),
+                             json.dumps(entry, indent=2, sort_keys=True))
     if changes:
       entry['_changed_on_resume'] = {k: {'was': old, 'now': new}
                                      for k, (old, new) in changes.items()}
-    with open(self.file('config_history.jsonl'), 'a') as f:
+    with open(self.file(run_format.CONFIG_HISTORY_FILE), 'a') as f:
       f.write(json.dumps(entry, sort_keys=True) + '\n')
 
   def write_json(self, name: str, obj: Mapping[str, Any]) -> None:

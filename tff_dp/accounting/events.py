@@ -1,0 +1,167 @@
+"""A ledger record as a `dp_accounting` event: the one home of how a round of Gaussian sum
+queries on a sample becomes a DpEvent, under each neighbouring relation.
+
+Each `RoundRecord` is one sampled round in which several Gaussian sum queries with privacy
+tuples (S_g, sigma_g) ran on the same sample. By Eq. (1) of McMahan & Andrew (2018) they are
+exactly one Gaussian sum query with noise multiplier
+
+    z_eff = (sum_g (sigma_g / Delta_g)^-2)^-1/2,    Delta_g = S_g (add/remove) or 2 S_g
+                                                    (replace-one: x -> x' moves the sum by 2S),
+
+and the round is a sampled Gaussian mechanism with that z_eff.
+
+Neighbouring relations and sampling:
+  * 'add_remove' (default, user-level DP as in DP-FedAvg):
+      - poisson records -> PoissonSampledDpEvent(q, .) (exact; RDP and PLD).
+      - fixed_size records -> APPROXIMATED as PoissonSampledDpEvent(m / N, .), the common
+        DP-FedAvg practice (McMahan et al. 2018; google-research/federated#20). This is not a
+        proven bound for sampling without replacement; use Poisson sampling for rigour.
+  * 'replace_one':
+      - fixed_size records -> SampledWithoutReplacementDpEvent(N, m, .) (exact; RDP only,
+        dp_accounting's PLD accountant does not support this event).
+      - poisson records are rejected (dp_accounting has no Poisson analysis for replace-one).
+"""
+
+import decimal
+import math
+from typing import List, Optional
+
+import dp_accounting
+
+from tff_dp import errors
+from tff_dp import ledger
+from tff_dp import noise_budget
+
+NeighboringRelation = dp_accounting.NeighboringRelation
+NEIGHBORING_RELATIONS = {
+    'add_remove': NeighboringRelation.ADD_OR_REMOVE_ONE,
+    'replace_one': NeighboringRelation.REPLACE_ONE,
+    'replace_special': NeighboringRelation.REPLACE_SPECIAL,
+}
+# The relation tree-aggregation (DP-FTRL) ledgers are accounted under, and the only one.
+TREE_RELATION = 'replace_special'
+
+
+def check_relation(neighboring_relation: str) -> NeighboringRelation:
+  if neighboring_relation not in NEIGHBORING_RELATIONS:
+    raise errors.UserInputError(
+        f'neighboring_relation must be one of {sorted(NEIGHBORING_RELATIONS)}, got '
+        f'{neighboring_relation!r}.')
+  return NEIGHBORING_RELATIONS[neighboring_relation]
+
+
+def check_analysable(sampling_kind: str, tree: bool) -> None:
+  """UserInputError (one line saying what to use) for a sampling the accountant cannot
+  analyse with this noise: tree noise needs shuffled participation, and shuffled
+  participation is analysed for tree noise only."""
+  if tree and sampling_kind != 'shuffled':
+    raise errors.UserInputError(
+        f'tree-aggregation noise (DP-FTRL) cannot be accounted with {sampling_kind} sampling '
+        '(a client could be in several rounds of one tree); use `client_sampling=shuffled`.')
+  if not tree and sampling_kind == 'shuffled':
+    raise errors.UserInputError(
+        'shuffled participation is accounted for tree-aggregation noise only (no '
+        'amplification analysis for independent Gaussian noise); use `dp=ftrl` or '
+        '`dp=ftrl_adaptive`, or `client_sampling=poisson`.')
+
+
+def gaussian_noise_multipliers(record: ledger.RoundRecord,
+                                neighboring_relation: str) -> Optional[List[float]]:
+  """Per-query sigma_g / Delta_g as Python floats; None if some query is non-private.
+
+  Queries with S_g = 0 have zero sensitivity (no privacy cost) and are omitted.
+  """
+  factor = 2.0 if neighboring_relation == 'replace_one' else 1.0
+  multipliers = []
+  for q in record.queries:
+    clip, stddev = float(q.l2_norm_clip), float(q.noise_stddev)
+    if clip == 0.0:
+      continue
+    if stddev == 0.0:
+      return None
+    multipliers.append(stddev / (factor * clip))
+  return multipliers
+
+
+def _wrap_sampling(record: ledger.RoundRecord, neighboring_relation: str,
+                   inner: dp_accounting.DpEvent) -> dp_accounting.DpEvent:
+  s = record.sampling
+  check_analysable(s.kind, tree=False)
+  if neighboring_relation == TREE_RELATION:
+    raise errors.UserInputError(
+        f'Round {record.round_num} adds independent Gaussian noise; neighboring relation '
+        f'{TREE_RELATION} is for tree-aggregation (DP-FTRL) ledgers; use add_remove.')
+  if neighboring_relation == 'add_remove':
+    if s.kind == 'poisson':
+      q = float(s.probability)
+    else:  # Documented approximation: fixed-size treated as Poisson with q = m / N.
+      q = float(s.sample_size) / float(s.population_size)
+    return dp_accounting.PoissonSampledDpEvent(sampling_probability=q, event=inner)
+  if s.kind == 'poisson':
+    raise errors.UserInputError(
+        f'Round {record.round_num} uses Poisson sampling, which is accounted under '
+        "neighboring relation 'add_remove' only; use add_remove.")
+  return dp_accounting.SampledWithoutReplacementDpEvent(
+      source_dataset_size=int(s.population_size), sample_size=int(s.sample_size), event=inner)
+
+
+def _multipliers_or_special_event(record: ledger.RoundRecord, neighboring_relation: str):
+  """(noise multipliers, None), or (None, event) when the round is non-private or a no-op."""
+  check_relation(neighboring_relation)
+  multipliers = gaussian_noise_multipliers(record, neighboring_relation)
+  if multipliers is None:
+    return None, dp_accounting.NonPrivateDpEvent()
+  if not multipliers:
+    return None, dp_accounting.NoOpDpEvent()
+  return multipliers, None
+
+
+def record_to_dp_event(record: ledger.RoundRecord,
+                       neighboring_relation: str = 'add_remove') -> dp_accounting.DpEvent:
+  """The DpEvent of one round (Contract 2), with every number a Python float/int.
+
+  Returns `PoissonSampledDpEvent(q, ComposedDpEvent([GaussianDpEvent(sigma_g / Delta_g)...]))`
+  (or `SampledWithoutReplacementDpEvent(N, m, ...)` for fixed-size sampling under
+  replace-one), `NonPrivateDpEvent` if a query with positive clip had zero noise, and
+  `NoOpDpEvent` if no query touched the data.
+  """
+  multipliers, special = _multipliers_or_special_event(record, neighboring_relation)
+  if special is not None:
+    return special
+  inner = dp_accounting.ComposedDpEvent(
+      events=[dp_accounting.GaussianDpEvent(noise_multiplier=z) for z in multipliers])
+  return _wrap_sampling(record, neighboring_relation, inner)
+
+
+def round_down(value: float, digits: int) -> float:
+  """Largest float <= value with `digits` significant decimal digits (a PLD group key)."""
+  if value == 0.0 or not math.isfinite(value):
+    return value
+  d = decimal.Decimal(value)  # Exact binary value.
+  exponent = d.adjusted() - digits + 1
+  rounded = d.quantize(decimal.Decimal(1).scaleb(exponent), rounding=decimal.ROUND_FLOOR)
+  # float() rounds to nearest; since value is a float >= rounded, the result is <= value.
+  return float(rounded)
+
+
+def collapsed_dp_event(record: ledger.RoundRecord,
+                       neighboring_relation: str = 'add_remove') -> dp_accounting.DpEvent:
+  """Like `record_to_dp_event`, with the per-round Gaussians collapsed to one (Eq. (1)).
+
+  Equivalent to `record_to_dp_event`, with the exact z_eff (no rounding). Accepted by both
+  RDP and PLD.
+  """
+  multipliers, special = _multipliers_or_special_event(record, neighboring_relation)
+  if special is not None:
+    return special
+  z = noise_budget.effective_noise_multiplier(multipliers)
+  return _wrap_sampling(record, neighboring_relation, dp_accounting.GaussianDpEvent(z))
+
+
+def with_noise_multiplier(event: dp_accounting.DpEvent, z: float) -> dp_accounting.DpEvent:
+  """The collapsed `event` (sampling of one Gaussian) with the Gaussian's multiplier set to z."""
+  if isinstance(event, dp_accounting.PoissonSampledDpEvent):
+    return dp_accounting.PoissonSampledDpEvent(event.sampling_probability,
+                                               dp_accounting.GaussianDpEvent(z))
+  return dp_accounting.SampledWithoutReplacementDpEvent(
+      event.source_dataset_size, event.sample_size, dp_accounting.GaussianDpEvent(z))

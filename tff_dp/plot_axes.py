@@ -1,0 +1,42 @@
+"""Axes a reader can check, shared by a run's plots (`tff_dp.training.plots`) and the paper
+tables' plots (`tff_dp.tables.plots`): epsilon axes that state delta and the accountant, clip
+axes in plain numbers, integer round axes."""
+
+import math
+from typing import Optional, Sequence
+
+from matplotlib import ticker
+
+
+def accountant_name(epsilon_column: str) -> str:
+  """'RDP' for the column epsilon_rdp (the accountant an epsilon column was computed with)."""
+  return epsilon_column.rsplit('_', 1)[-1].upper()
+
+
+def epsilon_axis_label(delta: Optional[float], accountants: Sequence[str]) -> str:
+  """'epsilon at delta = 1e-05\\n(RDP accountant)': what an epsilon axis must say to be
+  checkable (delta None: runs differ in delta, and each legend entry names its own)."""
+  at = f' at delta = {delta:.3g}' if delta is not None else ''
+  return f'epsilon{at}\n({" / ".join(accountants)} accountant)'
+
+
+def readable_log_axis(ax, values) -> None:
+  """Log scale with plain-number ticks (1-2-5 per decade) when the values span more than a
+  factor of 3; a linear axis without offset notation otherwise (a log axis inside one decade
+  can show no labelled tick at all)."""
+  values = [v for v in values if v > 0 and math.isfinite(v)]
+  if values and max(values) / min(values) > 3:
+    ax.set_yscale('log')
+    ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f'{v:g}'))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+  else:
+    ax.yaxis.set_major_formatter(ticker.ScalarFormatter(useOffset=False))
+
+
+def round_axis(ax, rounds) -> None:
+  """Integer round ticks, with room around a single round (else matplotlib spans +-5%)."""
+  finite = [r for r in rounds if math.isfinite(r)]
+  if finite and min(finite) == max(finite):
+    ax.set_xlim(finite[0] - 1, finite[0] + 1)
+  ax.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))

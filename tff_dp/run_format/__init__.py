@@ -1,0 +1,20 @@
+"""The run directory's format: what each file is called and holds, what each metrics column
+means, and what the DP guarantee covers. Written by `tff_dp.training`, read by the privacy
+statement, the console, the plots and the paper tables (`tff_dp.tables`), and by anyone's tools:
+nothing here imports TensorFlow.
+
+* `classes`: the three classes of an output (covered, secret, diagnostic) and the facts of a run
+  they depend on.
+* `release`: every file a run can write, and its class.
+* `columns`: every metrics column: meaning, unit, role, class.
+* `metrics_csv`: metrics.csv, written and read.
+"""
+
+# The files of a run directory (their classes: `release.OUTPUTS`).
+CONFIG_FILE = 'config.json'
+CONFIG_HISTORY_FILE = 'config_history.jsonl'
+METRICS_FILE = 'metrics.csv'
+LEDGER_FILE = 'ledger.jsonl'
+SUMMARY_FILE = 'summary.json'
+SUPERSEDED_METRICS_FILE = 'metrics.superseded.csv'
+UNRELEASED_LEDGER_FILE = 'ledger.unreleased.jsonl'

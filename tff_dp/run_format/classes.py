@@ -1,0 +1,36 @@
+"""The three classes of a run's outputs, and the facts of a run its classification depends on.
+
+* COVERED: an output of the DP mechanism or post-processing of such outputs (and of public
+  data): the user-level guarantee the ledger states covers it, and it may be published.
+* SECRET: something the operator must keep (noise state of correlated-noise mechanisms, keys and
+  seeds that reproduce the samples, the canary key, the holdout key): publishing it voids the
+  guarantee, or the amplification it relies on.
+* DIAGNOSTIC: depends on client data without noise (sampled and rejected client counts, client
+  training metrics, timings, evaluation on the protected users' own data): a non-private
+  diagnostic for the operator.
+"""
+
+import dataclasses
+
+COVERED = 'covered'
+SECRET = 'secret'
+DIAGNOSTIC = 'diagnostic'
+CLASSES = (COVERED, SECRET, DIAGNOSTIC)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFacts:
+  """What a run's classification depends on.
+
+  dp: the run trains with DP (without, nothing is covered: there is no guarantee).
+  noise_state_in_checkpoints: the mechanism's state holds its noise (tree aggregation: seeds and
+    buffered noise), so a checkpoint and the released models together reveal the clipped sums.
+  eval_covered: evaluation data is disjoint from the protected population or declared public.
+  seeded: a sampling seed reproduces the samples (config.json records it).
+  private_release: the run keeps diagnostics out of metrics.csv, TensorBoard and the console.
+  """
+  dp: bool = True
+  noise_state_in_checkpoints: bool = False
+  eval_covered: bool = False
+  seeded: bool = False
+  private_release: bool = False

@@ -1,0 +1,132 @@
+"""The columns of metrics.csv, each declared once: its meaning, its unit, its role (what
+readers look it up by) and whether the DP guarantee covers it.
+
+The loop writes rows of these columns; the console line, the run's plots, the privacy statement,
+`--private_release` and the paper tables find columns here by role (`names_with_role`) and
+classify them here (`coverage`), instead of rediscovering a column's meaning from its name. A
+column no entry declares is an error (`column` raises KeyError): a new metric is declared here
+before a run may write it.
+
+Some entries are families: `epsilon_<accountant>`, `eval_<metric>` and
+`eval_<aggregate>_<metric>`, and `aggregator/<path>/<measurement>` (the DP aggregators'
+measurements, flattened; covered when some part of the path is one of `COVERED_MEASUREMENTS`).
+"""
+
+import dataclasses
+import re
+from typing import Iterable, Optional
+
+from tff_dp import choices
+from tff_dp.run_format import classes
+
+# Roles: what a reader looks a column up by.
+CLIP = 'clip'                        # An L2 clip norm an update query used.
+EPSILON = 'epsilon'                  # The proven epsilon after the round.
+CANARY_EPSILON = 'canary_epsilon'    # An empirical (canary) estimate of epsilon.
+EVAL = 'eval'                        # A central evaluation metric.
+OTHER = 'other'
+
+# Coverage of evaluation columns: decided by the run (`RunFacts.eval_covered`).
+EVAL_DATA = 'covered when the evaluation data is outside the protected population'
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+  """One column, or one family of columns (`pattern`, a regular expression when `family`)."""
+  pattern: str
+  meaning: str
+  unit: str
+  coverage: str                  # classes.COVERED, classes.DIAGNOSTIC or EVAL_DATA.
+  role: str = OTHER
+  family: bool = False
+
+  def matches(self, name: str) -> bool:
+    return re.fullmatch(self.pattern, name) is not None if self.family else name == self.pattern
+
+  def kind(self, facts: classes.RunFacts) -> str:
+    """COVERED or DIAGNOSTIC for this run (without DP nothing is covered)."""
+    kind = self.coverage
+    if kind == EVAL_DATA:
+      kind = classes.COVERED if facts.eval_covered else classes.DIAGNOSTIC
+    return kind if facts.dp else classes.DIAGNOSTIC
+
+
+# The DP aggregators' measurements computed from noised queries or from the pre-round (already
+# released) query state; every other aggregator measurement (zeroed updates, ...) counts clients.
+COVERED_MEASUREMENTS = frozenset({
+    'privacy_queries', 'clip', 'next_clip', 'unclipped_fraction_estimate', 'dp_query_metrics',
+    'scale', 'next_scale', 'tree_aggregation'})
+_COVERED_AGGREGATOR = (r'aggregator(/[^/]+)*/(' + '|'.join(sorted(COVERED_MEASUREMENTS))
+                       + r')(/[^/]+)*')
+# Clip norms (not the clipped-count query's): covered under a covered measurement, else not.
+_CLIP_COVERED = (r'(?!.*clipped_count)' + _COVERED_AGGREGATOR[:-len(r'(/[^/]+)*')]
+                 + r'/(.+/)?[^/]*l2_norm_clip')
+_CLIP_OTHER = r'(?!.*clipped_count)aggregator/(.+/)?[^/]*l2_norm_clip'
+CANARY_FINAL_MODEL = 'canary_epsilon_final_model'
+CANARY_ALL_ITERATES = 'canary_epsilon_all_iterates'
+
+COLUMNS = (
+    Column('round', 'the round, from 1', 'round', classes.COVERED),
+    Column('num_clients', 'clients in the round\'s sample', 'clients', classes.DIAGNOSTIC),
+    Column('clients_rejected', 'sampled clients whose data could not be trained on', 'clients',
+           classes.DIAGNOSTIC),
+    Column('train_loss', 'the clients\' mean training loss', 'task loss', classes.DIAGNOSTIC),
+    Column('train_accuracy', 'the clients\' mean training accuracy', 'fraction',
+           classes.DIAGNOSTIC),
+    Column('round_seconds', 'seconds of the TFF round (tracks the sample size)', 's',
+           classes.DIAGNOSTIC),
+    Column('wall_seconds', 'seconds of the whole round', 's', classes.DIAGNOSTIC),
+    Column('canary_seconds', 'seconds of the canary bookkeeping', 's', classes.DIAGNOSTIC),
+    Column('trained_from_aggregate', 'the next round starts from a checkpoint aggregate',
+           'flag (1)', classes.COVERED),
+    Column('epsilon_(' + '|'.join(choices.ACCOUNTANTS) + ')',
+           'epsilon after the round at the run\'s delta, by accountant', 'epsilon',
+           classes.COVERED, EPSILON, family=True),
+    Column(CANARY_FINAL_MODEL, 'canary estimate of epsilon, final model',
+           'epsilon', classes.COVERED, CANARY_EPSILON),
+    Column(CANARY_ALL_ITERATES, 'canary estimate of epsilon, all iterates',
+           'epsilon', classes.COVERED, CANARY_EPSILON),
+    Column(r'eval_.+', 'central evaluation of the round\'s model (eval_<metric>) or of a '
+           'checkpoint aggregate (eval_<aggregate>_<metric>)', 'the metric\'s', EVAL_DATA, EVAL,
+           family=True),
+    # Most specific first: a clip norm of an update query is also a covered measurement.
+    Column(_CLIP_COVERED, 'the L2 clip norm of an update query (flat, per group or per '
+           'layer)', 'L2 norm', classes.COVERED, CLIP, family=True),
+    Column(_CLIP_OTHER, 'an L2 clip norm an aggregator reports outside its privacy queries',
+           'L2 norm', classes.DIAGNOSTIC, CLIP, family=True),
+    Column(_COVERED_AGGREGATOR, 'a DP aggregator\'s measurement of noised or released values',
+           'the measurement\'s', classes.COVERED, family=True),
+    Column(r'aggregator/.+', 'an aggregator measurement that counts clients (zeroed updates, '
+           '...)', 'count', classes.DIAGNOSTIC, family=True),
+)
+
+
+def column(name: str) -> Column:
+  """The declaration of column `name` (the first that matches); KeyError if none does."""
+  for declared in COLUMNS:
+    if declared.matches(name):
+      return declared
+  raise KeyError(f'metrics column {name!r} is not declared (tff_dp.run_format.columns)')
+
+
+def coverage(name: str, facts: classes.RunFacts) -> str:
+  """COVERED or DIAGNOSTIC for column `name` in a run with `facts`; KeyError if undeclared."""
+  return column(name).kind(facts)
+
+
+def names_with_role(names: Iterable[str], role: str) -> list[str]:
+  """The names among `names` whose declared role is `role`, in their order (epsilon columns:
+  in the accountants' order); undeclared names are skipped, so readers of older run
+  directories see only what they know."""
+  found = [n for n in names if _role(n) == role]
+  if role == EPSILON:
+    order = list(choices.ACCOUNTANTS)
+    found.sort(key=lambda n: order.index(n[len('epsilon_'):]))
+  return found
+
+
+def _role(name: str) -> Optional[str]:
+  try:
+    return column(name).role
+  except KeyError:
+    return None
