@@ -1,0 +1,140 @@
+"""Buffered linear Toeplitz (BLT) strategies (Dvijotham et al. 2024, arXiv 2404.16706; McMahan,
+Xu & Zhang 2024, arXiv 2408.08868), parameterized as jax_privacy names them: `buf_decay`
+theta_i and `output_scale` omega_i, with coefficients
+
+    c_0 = 1,    c_k = sum_i omega_i theta_i^(k-1)    (k >= 1).
+
+As a system with one buffer per pair: s_0 = 0, y_t = x_t + omega . s_t, s_{t+1} = Theta s_t +
+x_t 1. Its inverse is the system x_t = y_t - omega . s_t, s_{t+1} = (Theta - 1 omega^T) s_t +
+y_t 1, a BLT whose buf_decay are the eigenvalues of M = Theta - 1 omega^T and whose
+output_scale are -(omega^T V)_i (V^-1 1)_i (M = V diag(lambda) V^-1): `BLT.inverse`.
+
+The noise of round t is (C^-1 z)_t, computed by `NoiseStream` with the inverse's buffers: one
+model-sized buffer per pair, updated once per round.
+"""
+
+import dataclasses
+import math
+from typing import Optional
+
+import numpy as np
+from scipy import optimize as scipy_optimize
+
+from tff_dp.matrix_factorization import toeplitz
+
+
+@dataclasses.dataclass(frozen=True)
+class BLT:
+  """A BLT strategy: `buf_decay` theta and `output_scale` omega (equal lengths)."""
+  buf_decay: tuple
+  output_scale: tuple
+
+  def __post_init__(self):
+    if len(self.buf_decay) != len(self.output_scale):
+      raise ValueError('buf_decay and output_scale must have the same length')
+
+  @property
+  def num_buffers(self) -> int:
+    return len(self.buf_decay)
+
+  def coefs(self, n: int) -> np.ndarray:
+    """The first n Toeplitz coefficients of C (real part: a stable real BLT has real ones)."""
+    theta = np.asarray(self.buf_decay, dtype=np.complex128)
+    omega = np.asarray(self.output_scale, dtype=np.complex128)
+    c = np.zeros(n, dtype=np.complex128)
+    c[0] = 1.0
+    if n > 1 and theta.size:
+      powers = theta[None, :] ** np.arange(n - 1)[:, None]
+      c[1:] = powers @ omega
+    return c.real
+
+  def inverse(self) -> 'BLT':
+    """C^-1 as a BLT, in closed form (the module docstring)."""
+    theta = np.asarray(self.buf_decay, dtype=np.float64)
+    omega = np.asarray(self.output_scale, dtype=np.float64)
+    m = np.diag(theta) - np.outer(np.ones_like(theta), omega)
+    eigenvalues, v = np.linalg.eig(m)
+    scales = -(omega @ v) * np.linalg.solve(v, np.ones_like(theta))
+    return BLT(tuple(_real_if_close(eigenvalues)), tuple(_real_if_close(scales)))
+
+  def is_stable(self) -> bool:
+    """All decays in (0, 1) and all scales positive: non-negative, decreasing coefficients."""
+    theta, omega = np.asarray(self.buf_decay), np.asarray(self.output_scale)
+    return bool(np.all(np.isreal(theta)) and np.all((theta > 0) & (theta < 1))
+                and np.all(np.isreal(omega)) and np.all(omega > 0))
+
+
+def _real_if_close(values: np.ndarray) -> np.ndarray:
+  return np.real_if_close(values, tol=1e6)
+
+
+class NoiseStream:
+  """The correlated noise of rounds 1, 2, ...: (C^-1 z)_t for fresh standard Gaussian z_t of
+  `shape`, with one buffer of `shape` per pair of the inverse BLT (its memory: num_buffers
+  model copies). `state` / `from_state` carry the buffers across a checkpoint."""
+
+  def __init__(self, strategy: BLT, shape, rng: np.random.Generator):
+    self._inverse = strategy.inverse()
+    self._rng = rng
+    self.buffers = np.zeros((strategy.num_buffers,) + tuple(shape),
+                            dtype=np.asarray(self._inverse.buf_decay).dtype)
+
+  def next(self) -> np.ndarray:
+    z = self._rng.standard_normal(self.buffers.shape[1:])
+    return self.apply(z)
+
+  def apply(self, z: np.ndarray) -> np.ndarray:
+    """The next round's noise for the fresh draw z (and the buffers advanced)."""
+    theta = np.asarray(self._inverse.buf_decay)
+    omega = np.asarray(self._inverse.output_scale)
+    out = z + np.tensordot(omega, self.buffers, axes=1)
+    self.buffers = theta.reshape((-1,) + (1,) * z.ndim) * self.buffers + z[None]
+    return np.real(out)
+
+
+def _blt_from_params(params: np.ndarray) -> BLT:
+  """Unconstrained params -> a stable BLT: theta = sigmoid(u) in (0, 1), and omega from a
+  softplus scaled so that sum omega <= 1 (c_1 <= c_0: non-increasing coefficients)."""
+  d = params.size // 2
+  theta = 1.0 / (1.0 + np.exp(-params[:d]))
+  raw = np.log1p(np.exp(params[d:]))
+  omega = raw / max(1.0, raw.sum() + 1e-12)
+  return BLT(tuple(theta), tuple(omega))
+
+
+def optimize(n: int, min_separation: int = 0, max_participations: int = 1, *,
+             max_buffers: int = 4, error: str = 'mean', seed: int = 0,
+             restarts: int = 3) -> tuple[BLT, float]:
+  """(the BLT with the smallest `toeplitz.loss` found, its loss) for n rounds under the
+  participation schedule, trying 1..`max_buffers` buffers (jax_privacy's range: a few) with
+  `restarts` random starts each (L-BFGS-B on unconstrained parameters). Raises ValueError if
+  no stable BLT was found."""
+  if not 1 <= max_buffers <= 8:
+    raise ValueError('max_buffers must be in 1..8')
+  rng = np.random.default_rng(seed)
+  best: Optional[BLT] = None
+  best_loss = math.inf
+
+  def objective(params):
+    strategy = _blt_from_params(params)
+    return math.log(toeplitz.loss(strategy.coefs(n), n, min_separation, max_participations,
+                                  error))
+
+  for d in range(1, max_buffers + 1):
+    for restart in range(restarts):
+      # Decays spread from ~0.5 to ~1 - 1/n (the time scales a prefix sum over n rounds
+      # needs), jittered after the first start; scales summing to 1/2.
+      jitter = 1.0 + (0.3 * rng.random(d) if restart else 0.0)
+      theta = np.clip(1.0 - np.logspace(-0.3, -math.log10(max(n, 2)), d) * jitter, 0.01, 0.999)
+      start = np.concatenate([np.log(theta / (1.0 - theta)),
+                              np.log(np.expm1(np.full(d, 0.5 / d)))])
+      result = scipy_optimize.minimize(objective, start, method='L-BFGS-B',
+                                       options={'maxiter': 300})
+      strategy = _blt_from_params(result.x)
+      value = math.exp(result.fun)
+      if strategy.is_stable() and value < best_loss:
+        best, best_loss = strategy, value
+  if best is None:
+    raise ValueError(f'no stable BLT found for n={n}, min_separation={min_separation}, '
+                     f'max_participations={max_participations}')
+  return best, best_loss
