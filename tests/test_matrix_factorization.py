@@ -1,12 +1,14 @@
-"""Correlated-noise strategy math (issue 27.1) against independent computations written here:
+"""Correlated-noise strategy math (issue 27.1) and its accounting (27.4) against independent computations written here:
 dense matrices, brute force over participation patterns, closed forms, and Monte Carlo."""
 
 import itertools
 
+import dp_accounting
 import numpy as np
 import pytest
 from scipy import special
 
+from tff_dp.accounting import correlated
 from tff_dp.matrix_factorization import banded
 from tff_dp.matrix_factorization import blt
 from tff_dp.matrix_factorization import toeplitz
@@ -122,3 +124,54 @@ def test_the_optimizer_beats_independent_noise_and_a_grid_of_one_buffer_blts():
 def test_the_optimizer_refuses_impossible_settings():
   with pytest.raises(ValueError, match='max_buffers'):
     blt.optimize(10, max_buffers=0)
+
+
+# ---------------------------------------------------------------- accounting (issue 27.4)
+
+
+def _gaussian_epsilon(z, delta):
+  acc = dp_accounting.rdp.RdpAccountant()
+  return acc.compose(dp_accounting.GaussianDpEvent(z)).get_epsilon(delta)
+
+
+def test_the_epsilon_curve_is_one_gaussian_over_the_rounds_so_far():
+  n, b, k, z, delta = 10, 3, 3, 1.3, 1e-5
+  c = STRATEGY.coefs(n)
+  sens = [_brute_force_sensitivity(_dense_toeplitz(c, t), b, k) ** 0.5 for t in range(1, n + 1)]
+  expected = [_gaussian_epsilon(z * sens[-1] / s, delta) for s in sens]
+  np.testing.assert_allclose(correlated.epsilon_curve(c, n, b, k, z, delta), expected,
+                             rtol=1e-9)
+  assert expected[-1] == pytest.approx(_gaussian_epsilon(z, delta))
+
+
+def test_calibration_meets_the_target_and_the_production_anchor():
+  # Gboard es-ES DP-FTRL (google-research/federated dp_ftrl notebook): rho-zCDP 0.81, i.e.
+  # z = 1 / sqrt(2 rho), is epsilon 8.90 at delta 1e-10.
+  z = correlated.calibrate(8.9, 1e-10)
+  assert _gaussian_epsilon(z, 1e-10) <= 8.9 < _gaussian_epsilon(z * 0.999, 1e-10)
+  assert z == pytest.approx(1 / (2 * 0.81) ** 0.5, rel=5e-3)
+
+
+def test_the_noise_in_the_final_prefix_sum_matches_its_theory():
+  n, b, k, z, clip = 16, 4, 3, 0.9, 0.5
+  found = correlated.strategy('blt', n, b, k, max_buffers=2)
+  scale = z * clip * found.sensitivity_squared ** 0.5
+  stream = blt.NoiseStream(blt.BLT(found.params['buf_decay'], found.params['output_scale']),
+                           (50000,), np.random.default_rng(0))
+  total = sum(stream.next() for _ in range(n)) * scale   # Zero updates: the sum is noise.
+  assert np.std(total) == pytest.approx(correlated.noise_std_in_model(found, n, z, clip),
+                                        rel=0.02)
+
+
+def test_the_calibration_cli_prints_the_strategy_and_refuses_sampling(capsys):
+  from tff_dp.accounting import __main__ as cli
+  args = ['prog', '--target_epsilon=8.9', '--rounds=60', '--min_separation=10',
+          '--max_participations=4', '--delta=1e-10']
+  assert cli.main(args + ['--mechanism=blt']) == 0
+  out = capsys.readouterr().out
+  assert out.startswith('noise_multiplier=0.78') and 'buf_decay=[' in out
+  assert 'output_scale=[' in out and 'sensitivity=' in out
+  assert cli.main(args + ['--mechanism=bandmf']) == 0
+  assert 'bands=10' in capsys.readouterr().out
+  assert cli.main(args + ['--mechanism=blt', '--clients_per_round=5']) == 2
+  assert 'drop --clients_per_round' in capsys.readouterr().err

@@ -30,6 +30,13 @@ ADAPTIVE_DP_KINDS = ('adaptive', 'per_layer_adaptive', 'joint', 'ftrl_adaptive')
 # participation under replace-special neighbouring (tff_dp.accounting).
 TREE_DP_KINDS = ('ftrl', 'ftrl_adaptive')
 
+# Correlated-noise DP-FTRL strategies beyond the tree (`tff_dp.matrix_factorization`), as the
+# calibration names them.
+CORRELATED_NOISE_MECHANISMS = {
+    'blt': 'buffered linear Toeplitz noise (optimized buf_decay / output_scale)',
+    'bandmf': 'banded matrix factorization (the banded square root of the prefix sums)',
+}
+
 # `eval_data`: what central evaluation runs on, and so whether its metrics are covered by the
 # DP guarantee (`tff_dp.run_format.release`).
 EVAL_DATA = {

@@ -13,6 +13,11 @@ r"""CLI: epsilon curve of a ledger, or noise calibration.
       --clients_per_round 100 --population 342477 --delta 1e-6
       calibrates the per-node multiplier of tree aggregation (DP-FTRL, shuffled participation,
       replace-special neighbouring; RDP only).
+  python -m tff_dp.accounting --target_epsilon 8.9 --mechanism=blt --rounds 2000 \
+      --min_separation 313 --max_participations 6 --delta 1e-10
+      calibrates correlated-noise DP-FTRL (blt or bandmf) under min-separation participation
+      (the run is one Gaussian mechanism) and prints the strategy: buf_decay=[...] and
+      output_scale=[...] for BLT, bands for BandMF, its sensitivity and loss.
 
 Bad input: one line on stderr, exit code 2. That includes a --ledger that is missing, a
 directory, or not a valid ledger (a truncated or edited line, or a deleted, duplicated or
@@ -41,10 +46,19 @@ flags.DEFINE_enum('neighboring', None, ['add_remove', 'replace_one', 'replace_sp
                   'replace_special: tree aggregation (DP-FTRL) only, RDP only. Default: '
                   'replace_special for tree ledgers and --mechanism=tree, else add_remove.',
                   flag_values=FLAGS)
-flags.DEFINE_enum('mechanism', 'gaussian', ['gaussian', 'tree'],
-                  'Calibration mode: gaussian (DP-FedAvg: independent noise each round) or '
+flags.DEFINE_enum('mechanism', 'gaussian',
+                  ['gaussian', 'tree'] + list(choices.CORRELATED_NOISE_MECHANISMS),
+                  'Calibration mode: gaussian (DP-FedAvg: independent noise each round), '
                   'tree (DP-FTRL: tree-aggregation noise over epochs of shuffled '
-                  'participation, N // m rounds each).', flag_values=FLAGS)
+                  'participation, N // m rounds each), or blt / bandmf (correlated-noise '
+                  'DP-FTRL under --min_separation and --max_participations).',
+                  flag_values=FLAGS)
+flags.DEFINE_integer('min_separation', None, 'Calibration, blt / bandmf: rounds between two '
+                     'participations of a client, at least.', flag_values=FLAGS)
+flags.DEFINE_integer('max_participations', None, 'Calibration, blt / bandmf: participations '
+                     'of a client, at most.', flag_values=FLAGS)
+flags.DEFINE_integer('bands', None, 'Calibration, bandmf: bands of the strategy (default '
+                     '--min_separation).', flag_values=FLAGS)
 flags.DEFINE_integer('pld_every', None, 'Curve mode: compute PLD every this many records '
                      '(default: about 20 points). Each PLD evaluation costs ~0.2-2 s at the '
                      'default --pld_discretization, ~10x more at 1e-4.', flag_values=FLAGS)
@@ -103,8 +117,35 @@ def _curve() -> None:
   print('\n'.join(out))
 
 
+def _calibrate_correlated() -> None:
+  from tff_dp.accounting import correlated  # pylint: disable=g-import-not-at-top
+  for name in ('rounds', 'min_separation', 'max_participations'):
+    if FLAGS[name].value is None:
+      raise errors.UserInputError(f'--mechanism={FLAGS.mechanism} needs --{name}.')
+  for name in ('sampling', 'clients_per_round', 'clipped_count_stddev'):
+    if FLAGS[name].present:
+      raise errors.UserInputError(
+          f'--mechanism={FLAGS.mechanism} is calibrated for min-separation participation '
+          f'without amplification: drop --{name}.')
+  if FLAGS.population is not None:
+    correlated.accountant.check_delta(FLAGS.delta, FLAGS.population)
+  method = 'rdp' if FLAGS.method == 'both' else FLAGS.method
+  z = correlated.calibrate(FLAGS.target_epsilon, FLAGS.delta, method)
+  found = correlated.strategy(FLAGS.mechanism, FLAGS.rounds, FLAGS.min_separation,
+                             FLAGS.max_participations, bands=FLAGS.bands)
+  print(f'noise_multiplier={z!r}')
+  print('\n'.join(correlated.describe(found)))
+  print(f'epsilon={correlated.gaussian_epsilon(z, FLAGS.delta, method)!r} '
+        f'delta={FLAGS.delta!r} rounds={FLAGS.rounds} method={method} neighboring=add_remove '
+        f'participation=min_separation({FLAGS.min_separation}, at most '
+        f'{FLAGS.max_participations})')
+
+
 def _calibrate() -> None:
   from tff_dp.accounting import calibration  # pylint: disable=g-import-not-at-top
+  if FLAGS.mechanism in choices.CORRELATED_NOISE_MECHANISMS:
+    _calibrate_correlated()
+    return
   for name in ('rounds', 'clients_per_round', 'population'):
     if FLAGS[name].value is None:
       raise errors.UserInputError(f'--target_epsilon needs --{name}.')

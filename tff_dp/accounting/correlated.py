@@ -1,0 +1,130 @@
+"""Accounting of correlated-noise DP-FTRL (BLT, banded matrix factorization) under min-separation
+participation: each client participates at most k times, at least b rounds apart.
+
+The mechanism releases C x + z over the run (z ~ N(0, sigma^2) per coordinate and round, then
+post-processed), so the whole run is one Gaussian mechanism. With each client's contribution
+to a round's sum of norm at most `clip`, and C non-negative (so C^T C is too), a client moves
+C x by at most clip x sens_n, sens_n^2 = `toeplitz.sensitivity_squared` of the n-round
+strategy. Fresh draws are scaled by z x clip x sens_n, so the run is the Gaussian mechanism with
+noise multiplier z (add/remove: a client's rounds become zero); after round t it is the
+mechanism on the first t rounds, a Gaussian with multiplier z x sens_n / sens_t >= z.
+
+The noise multiplier that meets a target epsilon depends only on z, never on the strategy: the
+strategy decides how much of that noise ends up in the model (`toeplitz.loss`).
+"""
+
+import dataclasses
+import math
+from typing import Optional
+
+import dp_accounting
+
+from tff_dp import choices
+from tff_dp import errors
+from tff_dp.accounting import accountant
+from tff_dp.matrix_factorization import banded
+from tff_dp.matrix_factorization import blt
+from tff_dp.matrix_factorization import toeplitz
+
+MECHANISMS = tuple(choices.CORRELATED_NOISE_MECHANISMS)
+_RELATION = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+
+
+@dataclasses.dataclass(frozen=True)
+class Strategy:
+  """A correlated-noise strategy for n rounds: its name, its Toeplitz coefficients, its
+  parameters (BLT: buf_decay, output_scale; banded: bands), sens_n^2 and loss."""
+  mechanism: str
+  coefs: tuple
+  params: dict
+  sensitivity_squared: float
+  loss: float
+
+
+def strategy(mechanism: str, rounds: int, min_separation: int, max_participations: int, *,
+             bands: Optional[int] = None, max_buffers: int = 4) -> Strategy:
+  """The strategy of `mechanism` for the schedule: the optimized BLT, or the banded square
+  root with `bands` (default: min_separation, so a client's participations never share a band)
+  coefficients."""
+  _check_schedule(rounds, min_separation, max_participations)
+  if mechanism == 'blt':
+    found, _ = blt.optimize(rounds, min_separation, max_participations, max_buffers=max_buffers)
+    coefs = found.coefs(rounds)
+    params = {'buf_decay': list(found.buf_decay), 'output_scale': list(found.output_scale)}
+  elif mechanism == 'bandmf':
+    bands = bands or min_separation
+    coefs = banded.banded_sqrt_coefs(min(bands, rounds))
+    params = {'bands': int(min(bands, rounds))}
+  else:
+    raise errors.UserInputError(f'`mechanism` must be one of {MECHANISMS}, got {mechanism!r}.')
+  sens2 = toeplitz.sensitivity_squared(coefs, rounds, min_separation, max_participations)
+  return Strategy(mechanism, tuple(float(c) for c in coefs), params, sens2,
+                  toeplitz.loss(coefs, rounds, min_separation, max_participations))
+
+
+def _check_schedule(rounds, min_separation, max_participations) -> None:
+  for name, value in (('rounds', rounds), ('min_separation', min_separation),
+                      ('max_participations', max_participations)):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+      raise errors.UserInputError(f'`{name}` must be a positive integer, got {value!r}.')
+
+
+def gaussian_epsilon(z: float, delta: float, method: str = 'rdp') -> float:
+  """Epsilon at delta of the Gaussian mechanism with noise multiplier z (add/remove)."""
+  if z == math.inf:
+    return 0.0
+  acc = (dp_accounting.rdp.RdpAccountant(neighboring_relation=_RELATION) if method == 'rdp'
+         else dp_accounting.pld.PLDAccountant(neighboring_relation=_RELATION))
+  return float(acc.compose(dp_accounting.GaussianDpEvent(z)).get_epsilon(delta))
+
+
+def epsilon_curve(coefs, rounds: int, min_separation: int, max_participations: int,
+                  noise_multiplier: float, delta: float, method: str = 'rdp') -> list[float]:
+  """Epsilon after each round t = 1..rounds: a Gaussian with multiplier
+  noise_multiplier x sens_n / sens_t (the module docstring)."""
+  sens_n = math.sqrt(toeplitz.sensitivity_squared(coefs, rounds, min_separation,
+                                                  max_participations))
+  curve = []
+  for t in range(1, rounds + 1):
+    sens_t = math.sqrt(toeplitz.sensitivity_squared(coefs, t, min_separation,
+                                                    max_participations))
+    curve.append(gaussian_epsilon(noise_multiplier * sens_n / sens_t, delta, method))
+  return curve
+
+
+def calibrate(target_epsilon: float, delta: float, method: str = 'rdp',
+              tol: float = 1e-6) -> float:
+  """The smallest noise multiplier z (within tol) whose Gaussian mechanism meets
+  (target_epsilon, delta): the run's z for any strategy."""
+  delta = accountant.check_delta(delta)
+  if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
+    raise errors.UserInputError(f'target_epsilon must be positive and finite, got '
+                                f'{target_epsilon}.')
+  lo, hi = 1e-3, 1.0
+  while gaussian_epsilon(hi, delta, method) > target_epsilon:
+    lo, hi = hi, hi * 2
+  z = dp_accounting.calibrate_dp_mechanism(
+      lambda: (dp_accounting.rdp.RdpAccountant(neighboring_relation=_RELATION)
+               if method == 'rdp' else
+               dp_accounting.pld.PLDAccountant(neighboring_relation=_RELATION)),
+      dp_accounting.GaussianDpEvent, target_epsilon, delta,
+      bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi), tol=tol)
+  return float(z)
+
+
+def noise_std_in_model(found: Strategy, rounds: int, noise_multiplier: float,
+                       clip: float) -> float:
+  """The std of the noise in the final prefix sum (one coordinate): z x clip x sens_n x
+  ||last row of A C^-1||, the figure a run whose clients send zero updates measures."""
+  max_error, _ = toeplitz.prefix_sum_errors(found.coefs, rounds)
+  return float(noise_multiplier * clip * math.sqrt(found.sensitivity_squared)
+               * math.sqrt(max_error))
+
+
+def describe(found: Strategy) -> list[str]:
+  """The lines the calibration CLI prints for a strategy (names as jax_privacy's)."""
+  lines = [f'{name}={[float(v) for v in value]!r}' if isinstance(value, list)
+           else f'{name}={value!r}' for name, value in found.params.items()]
+  lines.append(f'sensitivity={math.sqrt(found.sensitivity_squared)!r} '
+               f'loss={found.loss!r}')
+  return lines
