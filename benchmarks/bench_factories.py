@@ -6,6 +6,7 @@ Arms, all in `tff.learning.algorithms.build_unweighted_fed_avg` with the same cl
   tff_adaptive     TFF's built-in DifferentiallyPrivateFactory.gaussian_adaptive
   fixed, adaptive, per_layer   our factories (tff_dp.aggregators.build_dp_aggregator)
   ftrl, ftrl_adaptive   DP-FTRL: our wrappers of TFF's tree_aggregation / tree_adaptive
+  blt, bandmf      correlated-noise DP-FTRL (ours: BLT's buffers, BandMF's 19)
   adadps_client    AdaDPS preconditioned client optimizer + our adaptive factory
   adadps_server    AdaDPS PreconditionedFactory around our adaptive factory
 Rounds of all arms are interleaved with a rotating order, so machine noise hits every arm alike.
@@ -44,6 +45,7 @@ runtime.manage_workers()   # No TFF worker outlives the benchmark.
 from tff_dp.training import adadps_setup  # noqa: E402
 
 _Z, _CLIP = 0.5, 1.0
+_CORRELATED_PLAN = dict(rounds=200, min_separation=20, max_participations=10)
 
 
 def _arms(task, clients):
@@ -67,6 +69,10 @@ def _arms(task, clients):
                     sgd(0.1)),
       'ftrl': (ours('ftrl'), sgd(0.1)),
       'ftrl_adaptive': (ours('ftrl_adaptive'), sgd(0.1)),
+      # Correlated noise planned for 200 rounds, each client every 20 (the per-round cost is
+      # the buffers': BLT's few, BandMF's bands - 1 = 19).
+      'blt': (ours('blt', **_CORRELATED_PLAN), sgd(0.1)),
+      'bandmf': (ours('bandmf', **_CORRELATED_PLAN), sgd(0.1)),
       'adadps_client': (ours('adaptive'), adadps_setup.client_optimizer('sgd', 0.1, ones)),
       'adadps_server': (adadps_setup.server_aggregator(ones, ours('adaptive')), sgd(0.1)),
   }

@@ -88,7 +88,7 @@ def test_the_settings_a_resume_may_change_are_the_same_as_before():
     (dict(dp='fixed', clip=1.0), '`dp=fixed` needs `noise_multiplier` >= 0'),
     (dict(dp='none', noise_multiplier=1.0), '`noise_multiplier` needs DP'),
     (dict(dp='gaussian'), '`dp` must be one of none, fixed, adaptive, per_layer_adaptive, '
-                          "joint, ftrl or ftrl_adaptive, got 'gaussian'"),
+                          "joint, ftrl, ftrl_adaptive, blt or bandmf, got 'gaussian'"),
     (dict(task='mnist'), "`task` must be one of emnist, stackoverflow_word or "
                          "stackoverflow_tag, got 'mnist'"),
     (dict(dp='none', accounting=('rdp', 'rdp')), '`accounting` must be a non-empty list'),

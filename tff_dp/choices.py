@@ -22,6 +22,10 @@ DP_KINDS = {
     'ftrl': 'DP-FTRL: tree-aggregation noise, fixed clip (needs `client_sampling=shuffled`)',
     'ftrl_adaptive': 'DP-FTRL with a quantile-adapted clip, adopted at tree restarts (needs '
                      '`client_sampling=shuffled`)',
+    'blt': 'DP-FTRL with buffered linear Toeplitz noise, fixed clip (needs '
+           '`client_sampling=min_separation`)',
+    'bandmf': 'DP-FTRL with banded matrix-factorization noise, fixed clip (needs '
+              '`client_sampling=min_separation`)',
 }
 # The DP kinds that adapt a clip with noised clipped-count queries (whose noise is part of the
 # round's budget, `tff_dp.noise_budget.update_noise_multiplier`).
@@ -29,13 +33,22 @@ ADAPTIVE_DP_KINDS = ('adaptive', 'per_layer_adaptive', 'joint', 'ftrl_adaptive')
 # The DP kinds whose noise is tree aggregation (DP-FTRL): accounted per epoch of shuffled
 # participation under replace-special neighbouring (tff_dp.accounting).
 TREE_DP_KINDS = ('ftrl', 'ftrl_adaptive')
+# The DP kinds whose noise is correlated across rounds by a Toeplitz strategy
+# (`tff_dp.matrix_factorization`): the whole run is one Gaussian mechanism under min-separation
+# participation (tff_dp.accounting.correlated); the calibration names them the same.
+CORRELATED_DP_KINDS = ('blt', 'bandmf')
+CORRELATED_NOISE_MECHANISMS = {k: DP_KINDS[k] for k in CORRELATED_DP_KINDS}
+# The sampling the accountant analyses each kind of noise with.
+SAMPLERS_FOR_NOISE = {'independent': ('poisson', 'fixed_size'), 'tree': ('shuffled',),
+                      'correlated': ('min_separation',)}
 
-# Correlated-noise DP-FTRL strategies beyond the tree (`tff_dp.matrix_factorization`), as the
-# calibration names them.
-CORRELATED_NOISE_MECHANISMS = {
-    'blt': 'buffered linear Toeplitz noise (optimized buf_decay / output_scale)',
-    'bandmf': 'banded matrix factorization (the banded square root of the prefix sums)',
-}
+
+def noise_of(dp_kind: str) -> str:
+  """'tree', 'correlated' or 'independent' (Gaussian noise drawn afresh every round)."""
+  if dp_kind in TREE_DP_KINDS:
+    return 'tree'
+  return 'correlated' if dp_kind in CORRELATED_DP_KINDS else 'independent'
+
 
 # `eval_data`: what central evaluation runs on, and so whether its metrics are covered by the
 # DP guarantee (`tff_dp.run_format.release`).
@@ -59,7 +72,12 @@ CLIENT_SAMPLERS = {
                   'replace-one)',
     'shuffled': 'each epoch a fresh secret permutation of the population, cut into consecutive '
                 'blocks of clients_per_round (DP-FTRL: at most one participation per epoch)',
+    'min_separation': 'one secret permutation of the population cut into N // clients_per_round '
+                      'blocks visited cyclically: each client every N // clients_per_round '
+                      'rounds (correlated-noise DP-FTRL: `dp=blt|bandmf`)',
 }
+# Samplings that block or cycle a secret permutation (a key kept under secret/ on resume).
+PERMUTATION_SAMPLERS = ('shuffled', 'min_separation')
 
 # `weighting`: client weights in the average.
 WEIGHTINGS = {

@@ -48,6 +48,8 @@ from tff_dp import errors
 SCHEMA_VERSION = 2
 READABLE_SCHEMA_VERSIONS = (1, 2)
 SAMPLING_KINDS = tuple(choices.CLIENT_SAMPLERS)
+# Sampling kinds whose events carry an epoch (the permutation's epoch, or cycle).
+_WITH_EPOCH = choices.PERMUTATION_SAMPLERS
 
 
 class LedgerError(errors.UserInputError):
@@ -100,7 +102,10 @@ class SamplingEvent:
   `sample_size` clients without replacement (`probability` must be None).
   kind='shuffled': the next block of `sample_size` clients of epoch `epoch`'s secret
   permutation of the population (each client at most once per epoch; `probability` None).
-  `epoch` is set for shuffled events only (and only then written to JSON).
+  kind='min_separation': the next block of `sample_size` clients of one secret permutation,
+  its blocks visited cyclically (`epoch`: the cycle), so a client participates every
+  population_size // sample_size rounds.
+  `epoch` is set for these two kinds only (and only then written to JSON).
   `seeded`: the sample is a function of a sampling seed (reproducible, so a re-executed round
   draws the same clients again: the accountant composes both executions as one sample released
   twice); written to JSON only when true.
@@ -132,7 +137,7 @@ class SamplingEvent:
         raise LedgerError(
             f'SamplingEvent.sample_size ({m}) exceeds population_size ({n}).')
       object.__setattr__(self, 'sample_size', m)
-    if self.kind == 'shuffled':
+    if self.kind in _WITH_EPOCH:
       object.__setattr__(self, 'epoch', _as_int(self.epoch, 'SamplingEvent.epoch', 1))
     elif self.epoch is not None:
       raise LedgerError(f'A {self.kind} SamplingEvent has no epoch, got {self.epoch!r}.')
@@ -141,7 +146,7 @@ class SamplingEvent:
 
   def to_json(self) -> dict:
     out = dataclasses.asdict(self)
-    if self.kind != 'shuffled':
+    if self.kind not in _WITH_EPOCH:
       del out['epoch']   # Lines written before shuffled sampling existed stay the same.
     if not self.seeded:
       del out['seeded']   # Likewise for secret samples.
@@ -172,22 +177,66 @@ class GaussianSumQuery:
 
 
 @dataclasses.dataclass(frozen=True)
+class CorrelatedNoise:
+  """The strategy a correlated-noise round's noise came from (`dp=blt|bandmf`), as planned for
+  the whole run, and the participation schedule it is accounted under: `mechanism` 'blt'
+  (coefficients 1, sum_i output_scale_i buf_decay_i^(k-1), ...) or 'bandmf' (the
+  column-normalized banded square root with `bands` coefficients), built for `rounds` rounds,
+  each client at most `max_participations` times, at least `min_separation` rounds apart.
+  The queries' `noise_stddev` is then the stddev of each round's fresh Gaussian draw."""
+  mechanism: str
+  rounds: int
+  min_separation: int
+  max_participations: int
+  buf_decay: Tuple[float, ...] = ()
+  output_scale: Tuple[float, ...] = ()
+  bands: Optional[int] = None
+
+  def __post_init__(self):
+    if self.mechanism not in choices.CORRELATED_DP_KINDS:
+      raise LedgerError(f'CorrelatedNoise.mechanism must be one of '
+                        f'{choices.CORRELATED_DP_KINDS}, got {self.mechanism!r}.')
+    for name in ('rounds', 'min_separation', 'max_participations'):
+      object.__setattr__(self, name, _as_int(getattr(self, name), f'CorrelatedNoise.{name}', 1))
+    object.__setattr__(self, 'buf_decay', tuple(
+        _as_float(v, 'CorrelatedNoise.buf_decay') for v in self.buf_decay))
+    object.__setattr__(self, 'output_scale', tuple(
+        _as_float(v, 'CorrelatedNoise.output_scale') for v in self.output_scale))
+    if len(self.buf_decay) != len(self.output_scale):
+      raise LedgerError('CorrelatedNoise.buf_decay and output_scale differ in length.')
+    if (self.mechanism == 'bandmf') != (self.bands is not None):
+      raise LedgerError('CorrelatedNoise.bands is set for bandmf, and only for it.')
+    if self.bands is not None:
+      object.__setattr__(self, 'bands', _as_int(self.bands, 'CorrelatedNoise.bands', 1))
+
+  def to_json(self) -> dict:
+    out = dataclasses.asdict(self)
+    out['buf_decay'], out['output_scale'] = list(self.buf_decay), list(self.output_scale)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
 class RoundRecord:
   """One sampling event plus the Gaussian sum queries run on that sample.
 
   `tree_leaf` (tree-aggregation noise, DP-FTRL): the round's 1-based position in its noise
   tree (1: the round starts a new tree). The queries' `noise_stddev` is then the stddev of the
   noise of each tree node. None (not written to JSON) for independent Gaussian noise.
+  `correlated`: the strategy of correlated noise (`dp=blt|bandmf`), else None (not written).
   """
   round_num: int
   sampling: SamplingEvent
   queries: Tuple[GaussianSumQuery, ...]
   tree_leaf: Optional[int] = None
+  correlated: Optional[CorrelatedNoise] = None
 
   def __post_init__(self):
     object.__setattr__(self, 'round_num', _as_int(self.round_num, 'RoundRecord.round_num', 0))
     if self.tree_leaf is not None:
       object.__setattr__(self, 'tree_leaf', _as_int(self.tree_leaf, 'RoundRecord.tree_leaf', 1))
+    if self.correlated is not None and not isinstance(self.correlated, CorrelatedNoise):
+      raise LedgerError(f'RoundRecord.correlated must be a CorrelatedNoise, got '
+                        f'{self.correlated!r}.')
     if not isinstance(self.sampling, SamplingEvent):
       raise LedgerError(f'RoundRecord.sampling must be a SamplingEvent, got {self.sampling!r}.')
     queries = tuple(self.queries)
@@ -204,16 +253,22 @@ class RoundRecord:
     }
     if self.tree_leaf is not None:
       out['tree_leaf'] = self.tree_leaf
+    if self.correlated is not None:
+      out['correlated'] = self.correlated.to_json()
     return out
 
   @classmethod
   def from_json(cls, obj: Any) -> 'RoundRecord':
     """Strict inverse of `to_json`: exact key sets, JSON types, then value validation."""
     tree = isinstance(obj, dict) and 'tree_leaf' in obj
-    _check_keys(obj, {'round_num', 'sampling', 'queries'} | ({'tree_leaf'} if tree else set()),
-                'record')
+    correlated = isinstance(obj, dict) and 'correlated' in obj
+    _check_keys(obj, {'round_num', 'sampling', 'queries'} | ({'tree_leaf'} if tree else set())
+                | ({'correlated'} if correlated else set()), 'record')
+    if correlated:
+      _check_keys(obj['correlated'], {f.name for f in dataclasses.fields(CorrelatedNoise)},
+                  'correlated')
     s = obj['sampling']
-    shuffled = isinstance(s, dict) and s.get('kind') == 'shuffled'
+    shuffled = isinstance(s, dict) and s.get('kind') in _WITH_EPOCH
     seeded = isinstance(s, dict) and 'seeded' in s
     _check_keys(s, {'kind', 'population_size', 'probability', 'sample_size'}
                 | ({'epoch'} if shuffled else set()) | ({'seeded'} if seeded else set()),
@@ -239,7 +294,8 @@ class RoundRecord:
       _check_json_number(q['l2_norm_clip'], 'l2_norm_clip')
       _check_json_number(q['noise_stddev'], 'noise_stddev')
       queries.append(GaussianSumQuery(q['name'], q['l2_norm_clip'], q['noise_stddev']))
-    return cls(obj['round_num'], SamplingEvent(**s), tuple(queries), obj.get('tree_leaf'))
+    return cls(obj['round_num'], SamplingEvent(**s), tuple(queries), obj.get('tree_leaf'),
+               CorrelatedNoise(**obj['correlated']) if correlated else None)
 
 
 def _check_keys(obj: Any, keys: set, what: str) -> None:

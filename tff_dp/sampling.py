@@ -1,3 +1,5 @@
+# Longer than 350 lines: the four samplers with their ledger events and the keys that keep
+# them secret, side by side, so that each is read beside the others it must match.
 """Client samplers and their privacy-ledger events; the sample is secret unless seeded.
 
 The amplification the accountant applies (q = m / N) assumes nobody but the mechanism knows
@@ -265,6 +267,29 @@ class ShuffledSampler:
                                 seeded=not self.secret)
 
 
+class MinSeparationSampler(ShuffledSampler):
+  """One secret permutation of the population, cut into P = N // m blocks visited cyclically:
+  round r takes block (r - 1) % P, so a client participates every P rounds, at most
+  ceil(rounds / P) times (the N mod m clients at the permutation's end never do). What
+  correlated-noise DP-FTRL is accounted under (min separation P). Keys, seeds and secrecy as
+  `ShuffledSampler`'s; `epoch(r)` is the cycle of round r."""
+
+  @property
+  def min_separation(self) -> int:
+    return self.rounds_per_epoch
+
+  def sample(self, round_num: int) -> list:
+    block = (round_num - 1) % self.rounds_per_epoch
+    m = self.sample_size
+    idx = np.sort(self.permutation(1)[block * m:(block + 1) * m])
+    return [self.client_ids[i] for i in idx]
+
+  def sampling_event(self, round_num: int) -> ledger.SamplingEvent:
+    return ledger.SamplingEvent(kind='min_separation', population_size=len(self.client_ids),
+                                sample_size=self.sample_size, epoch=self.epoch(round_num),
+                                seeded=not self.secret)
+
+
 def holdout_key(seed: Optional[int]) -> bytes:
   """The key choosing held-out evaluation clients: 32 bytes from the OS, or derived from a
   sampling seed (reproducible, and then known to whoever holds the seed)."""
@@ -322,6 +347,7 @@ _SAMPLERS = {
     'poisson': lambda ids, m, seed, key: PoissonSampler(ids, m / len(ids), seed=seed),
     'fixed_size': lambda ids, m, seed, key: FixedSizeSampler(ids, m, seed=seed),
     'shuffled': lambda ids, m, seed, key: ShuffledSampler(ids, m, seed=seed, key=key),
+    'min_separation': lambda ids, m, seed, key: MinSeparationSampler(ids, m, seed=seed, key=key),
 }
 choices.check_implemented(choices.CLIENT_SAMPLERS, _SAMPLERS, 'tff_dp.sampling')
 

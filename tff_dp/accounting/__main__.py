@@ -128,7 +128,7 @@ def _calibrate_correlated() -> None:
           f'--mechanism={FLAGS.mechanism} is calibrated for min-separation participation '
           f'without amplification: drop --{name}.')
   if FLAGS.population is not None:
-    correlated.accountant.check_delta(FLAGS.delta, FLAGS.population)
+    correlated.delta_lib.check_delta(FLAGS.delta, FLAGS.population)
   method = 'rdp' if FLAGS.method == 'both' else FLAGS.method
   z = correlated.calibrate(FLAGS.target_epsilon, FLAGS.delta, method)
   found = correlated.strategy(FLAGS.mechanism, FLAGS.rounds, FLAGS.min_separation,

@@ -3,7 +3,8 @@
 `LedgerAccountant` composes a ledger's records one by one and reports epsilon at any time; it
 composes them through the account of the ledger's mechanism (`mechanism_account`): sampled
 Gaussian rounds (`gaussian_rounds`: DP-FedAvg, fixed or adaptive clipping; add/remove or
-replace-one) or tree aggregation (`tree_rounds`: DP-FTRL, replace-special). How a record
+replace-one), tree aggregation (`tree_rounds`: DP-FTRL, replace-special) or correlated noise
+(`correlated_rounds`: BLT / BandMF DP-FTRL, min separation, add/remove). How a record
 becomes a dp_accounting event, under each relation, is `events`. One ledger holds one
 mechanism: a record of another is refused.
 
@@ -22,6 +23,9 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from tff_dp import choices
 from tff_dp import errors
 from tff_dp import ledger
+from tff_dp.accounting import correlated_rounds
+from tff_dp.accounting.delta import check_delta
+from tff_dp.accounting.delta import suggested_delta  # pylint: disable=unused-import
 from tff_dp.accounting import events
 from tff_dp.accounting import gaussian_rounds
 from tff_dp.accounting import mechanism_account
@@ -41,7 +45,8 @@ DEFAULT_PLD_DISCRETIZATION = 1e-4
 # Default number of PLD evaluations along a curve (plus the last round) when pld_every=None.
 DEFAULT_PLD_POINTS = 20
 # The mechanisms' accounts, in the order a ledger's first record is offered to them.
-ACCOUNTS: Tuple[type, ...] = (tree_rounds.TreeRounds, gaussian_rounds.GaussianRounds)
+ACCOUNTS: Tuple[type, ...] = (tree_rounds.TreeRounds, correlated_rounds.CorrelatedRounds,
+                              gaussian_rounds.GaussianRounds)
 
 
 def check_methods(methods: Iterable[str]) -> Tuple[str, ...]:
@@ -50,33 +55,6 @@ def check_methods(methods: Iterable[str]) -> Tuple[str, ...]:
     raise errors.UserInputError(f'methods must be a non-empty subset of {METHODS}, got '
                                 f'{methods!r}.')
   return tuple(m for m in METHODS if m in methods)
-
-
-def check_delta(delta, population_size: Optional[int] = None) -> float:
-  """`delta` as a float in (0, 1), and below 1 / `population_size` when that is given.
-
-  A delta at or above 1/N is no user-level guarantee: the mechanism that publishes one
-  randomly chosen client's data in the clear satisfies (0, 1/N)-DP. So a run, a ledger
-  replay and a calibration over N clients refuse it and name a delta that works.
-  """
-  try:
-    delta = float(delta)
-  except (TypeError, ValueError):
-    raise errors.UserInputError(f'`delta` must be a number, got {delta!r}.') from None
-  if not 0.0 < delta < 1.0:
-    raise errors.UserInputError(f'`delta` must be in (0, 1), got {delta}.')
-  if population_size is not None and delta * population_size >= 1.0:
-    raise errors.UserInputError(
-        f'`delta={delta:g}` is not below 1/population = 1/{population_size}: publishing one '
-        f'random client\'s data in the clear would satisfy it; use `delta` <= '
-        f'{suggested_delta(population_size):g}.')
-  return delta
-
-
-def suggested_delta(population_size: int) -> float:
-  """A delta well below 1/population (a power of ten at most 1/(10 N)), and at most 1e-5: the
-  default of runs and the value `check_delta` suggests."""
-  return min(1e-5, 10 ** math.floor(math.log10(1.0 / population_size) - 1))
 
 
 def population_of(records: Sequence[ledger.RoundRecord]) -> Optional[int]:
@@ -239,6 +217,7 @@ class _Composed:
     """Adds `record`; True if it was merged into an earlier record of the same sample."""
     i = self._last_of_round.get(record.round_num)
     if (i is not None and record.sampling.seeded and record.tree_leaf is None
+        and record.correlated is None
         and self.records[i].sampling == record.sampling):
       self.records[i] = merged_reexecution(self.records[i], record)
       return True

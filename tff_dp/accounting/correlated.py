@@ -18,15 +18,17 @@ import math
 from typing import Optional
 
 import dp_accounting
+import numpy as np
 
 from tff_dp import choices
 from tff_dp import errors
-from tff_dp.accounting import accountant
+from tff_dp import ledger
+from tff_dp.accounting import delta as delta_lib
 from tff_dp.matrix_factorization import banded
 from tff_dp.matrix_factorization import blt
 from tff_dp.matrix_factorization import toeplitz
 
-MECHANISMS = tuple(choices.CORRELATED_NOISE_MECHANISMS)
+MECHANISMS = choices.CORRELATED_DP_KINDS
 _RELATION = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 
 
@@ -60,6 +62,23 @@ def strategy(mechanism: str, rounds: int, min_separation: int, max_participation
   sens2 = toeplitz.sensitivity_squared(coefs, rounds, min_separation, max_participations)
   return Strategy(mechanism, tuple(float(c) for c in coefs), params, sens2,
                   toeplitz.loss(coefs, rounds, min_separation, max_participations))
+
+
+def coefs_of(noise: ledger.CorrelatedNoise) -> np.ndarray:
+  """The Toeplitz coefficients of a recorded strategy, for its `rounds`."""
+  if noise.mechanism == 'blt':
+    return blt.BLT(noise.buf_decay, noise.output_scale).coefs(noise.rounds)
+  return banded.banded_sqrt_coefs(noise.bands)
+
+
+def recorded(found: Strategy, rounds: int, min_separation: int,
+             max_participations: int) -> ledger.CorrelatedNoise:
+  """What the ledger records of a strategy and its schedule."""
+  return ledger.CorrelatedNoise(
+      found.mechanism, rounds, min_separation, max_participations,
+      buf_decay=tuple(found.params.get('buf_decay', ())),
+      output_scale=tuple(found.params.get('output_scale', ())),
+      bands=found.params.get('bands'))
 
 
 def _check_schedule(rounds, min_separation, max_participations) -> None:
@@ -96,7 +115,7 @@ def calibrate(target_epsilon: float, delta: float, method: str = 'rdp',
               tol: float = 1e-6) -> float:
   """The smallest noise multiplier z (within tol) whose Gaussian mechanism meets
   (target_epsilon, delta): the run's z for any strategy."""
-  delta = accountant.check_delta(delta)
+  delta = delta_lib.check_delta(delta)
   if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
     raise errors.UserInputError(f'target_epsilon must be positive and finite, got '
                                 f'{target_epsilon}.')

@@ -28,6 +28,7 @@ from typing import List, Optional
 
 import dp_accounting
 
+from tff_dp import choices
 from tff_dp import errors
 from tff_dp import ledger
 from tff_dp import noise_budget
@@ -50,19 +51,29 @@ def check_relation(neighboring_relation: str) -> NeighboringRelation:
   return NEIGHBORING_RELATIONS[neighboring_relation]
 
 
-def check_analysable(sampling_kind: str, tree: bool) -> None:
+def check_analysable(sampling_kind: str, noise: str) -> None:
   """UserInputError (one line saying what to use) for a sampling the accountant cannot
-  analyse with this noise: tree noise needs shuffled participation, and shuffled
-  participation is analysed for tree noise only."""
-  if tree and sampling_kind != 'shuffled':
+  analyse with this noise (`choices.noise_of`): tree noise needs shuffled participation,
+  correlated noise min-separation participation, and each of those is analysed for its noise
+  only (`choices.SAMPLERS_FOR_NOISE`)."""
+  if sampling_kind in choices.SAMPLERS_FOR_NOISE[noise]:
+    return
+  if noise == 'tree':
     raise errors.UserInputError(
         f'tree-aggregation noise (DP-FTRL) cannot be accounted with {sampling_kind} sampling '
         '(a client could be in several rounds of one tree); use `client_sampling=shuffled`.')
-  if not tree and sampling_kind == 'shuffled':
+  if noise == 'correlated':
+    raise errors.UserInputError(
+        f'correlated noise (blt, bandmf) cannot be accounted with {sampling_kind} sampling '
+        '(no analysis of its participation); use `client_sampling=min_separation`.')
+  if sampling_kind == 'shuffled':
     raise errors.UserInputError(
         'shuffled participation is accounted for tree-aggregation noise only (no '
         'amplification analysis for independent Gaussian noise); use `dp=ftrl` or '
         '`dp=ftrl_adaptive`, or `client_sampling=poisson`.')
+  raise errors.UserInputError(
+      f'{sampling_kind} participation is accounted for correlated noise only; use '
+      '`dp=blt` or `dp=bandmf`, or `client_sampling=poisson`.')
 
 
 def gaussian_noise_multipliers(record: ledger.RoundRecord,
@@ -86,7 +97,7 @@ def gaussian_noise_multipliers(record: ledger.RoundRecord,
 def _wrap_sampling(record: ledger.RoundRecord, neighboring_relation: str,
                    inner: dp_accounting.DpEvent) -> dp_accounting.DpEvent:
   s = record.sampling
-  check_analysable(s.kind, tree=False)
+  check_analysable(s.kind, 'independent')
   if neighboring_relation == TREE_RELATION:
     raise errors.UserInputError(
         f'Round {record.round_num} adds independent Gaussian noise; neighboring relation '

@@ -73,7 +73,7 @@ class GaussianRounds(mechanism_account.MechanismAccount):
 
   @staticmethod
   def supports(record: ledger.RoundRecord) -> bool:
-    return record.tree_leaf is None
+    return record.tree_leaf is None and record.correlated is None
 
   def compose(self, record: ledger.RoundRecord) -> None:
     event = events.collapsed_dp_event(record, self.neighboring_relation)

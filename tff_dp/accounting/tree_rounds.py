@@ -69,7 +69,7 @@ class TreeRounds(mechanism_account.MechanismAccount):
     return record.tree_leaf is not None
 
   def compose(self, record: ledger.RoundRecord) -> None:
-    events.check_analysable(record.sampling.kind, tree=True)
+    events.check_analysable(record.sampling.kind, 'tree')
     if self.neighboring_relation != events.TREE_RELATION:
       raise errors.UserInputError(
           f'Round {record.round_num} is tree aggregation (DP-FTRL), accounted under '

@@ -7,6 +7,7 @@ Every factory reports `privacy_queries` (docs/ARCHITECTURE.md, Contract 1) in it
 from tff_dp import choices
 from tff_dp import noise_budget
 from tff_dp.aggregators.adaptive import AdaptiveClipGaussianFactory
+from tff_dp.aggregators.correlated_noise import CorrelatedNoiseFactory
 from tff_dp.aggregators.fixed import FixedClipGaussianFactory
 from tff_dp.aggregators.reporting import ReportingDPFactory
 from tff_dp.aggregators.ftrl import FtrlFactory
@@ -51,14 +52,25 @@ def _ftrl_adaptive(clip, noise, adaptive, noise_allocation, extra):
 
 
 # DP kind -> factory builder (`clip` is the initial clip, or the initial scale alpha for joint).
+def _correlated(kind):
+  def build(clip, noise, adaptive, noise_allocation, extra):
+    del adaptive, noise_allocation
+    return CorrelatedNoiseFactory.for_schedule(kind, clip=clip, **noise, **extra)
+  return build
+
+
 _FACTORIES = {'fixed': _fixed, 'adaptive': _adaptive, 'per_layer_adaptive': _per_layer_adaptive,
-              'joint': _joint, 'ftrl': _ftrl, 'ftrl_adaptive': _ftrl_adaptive}
+              'joint': _joint, 'ftrl': _ftrl, 'ftrl_adaptive': _ftrl_adaptive,
+              'blt': _correlated('blt'), 'bandmf': _correlated('bandmf')}
 # Extra keyword arguments a kind takes (None: any, checked by its factory: `groups`, ...);
 # kinds not listed take none.
 _EXTRA_ARGUMENTS = {'per_layer_adaptive': None, 'joint': None,
                     'ftrl': ('rounds_per_epoch', 'noise_seed'),
                     'ftrl_adaptive': ('rounds_per_epoch', 'noise_seed', 'restart_warmup',
                                       'restart_frequency')}
+_CORRELATED_ARGUMENTS = ('rounds', 'min_separation', 'max_participations', 'bands',
+                         'noise_seed')
+_EXTRA_ARGUMENTS.update({kind: _CORRELATED_ARGUMENTS for kind in choices.CORRELATED_DP_KINDS})
 TREE_KINDS = choices.TREE_DP_KINDS
 choices.check_implemented([k for k in choices.DP_KINDS if k != 'none'], _FACTORIES,
                           'tff_dp.aggregators DP kinds')
@@ -73,7 +85,9 @@ def build_dp_aggregator(kind: str, *, noise_multiplier: float, clients_per_round
 
   Extra keyword arguments go to the per_layer_adaptive (`groups`) and joint (`groups`,
   `joint_clip`, `adaptive_scales`) factories, and to the tree factories (`rounds_per_epoch`,
-  `noise_seed`; ftrl_adaptive also `restart_warmup`, `restart_frequency`); anything else is a
+  `noise_seed`; ftrl_adaptive also `restart_warmup`, `restart_frequency`), and to the
+  correlated-noise factories (blt, bandmf: `rounds`, `min_separation`, `max_participations`,
+  and `bands`, `noise_seed`; `CorrelatedNoiseFactory.for_schedule`); anything else is a
   UserInputError. ftrl_adaptive adapts geometrically (as TFF); the tree factories use no
   `noise_allocation`.
   """

@@ -9,10 +9,12 @@ replace-special).
 """
 
 import dataclasses
+import math
 from typing import Any, Optional
 
 from tff_dp import accounting
 from tff_dp import aggregators
+from tff_dp import choices
 from tff_dp import ledger as ledger_lib
 from tff_dp import sampling
 from tff_dp.aggregators import privacy_queries as privacy_queries_lib
@@ -33,18 +35,29 @@ class Privacy:
   accountant: Any                # tff_dp.accounting.LedgerAccountant, or None without DP.
   tree: bool                     # Tree aggregation (DP-FTRL): leaf 1 in round 1.
   key_to_save: Optional[bytes]   # A new secret shuffling key (saved once the run dir exists).
+  # The strategy of correlated noise (dp=blt|bandmf), recorded with every round.
+  correlated: Optional[ledger_lib.CorrelatedNoise] = None
+
+  @property
+  def noise_state(self) -> bool:
+    """Whether the aggregator's state holds its noise (tree or correlated noise): then
+    checkpoints are secrets."""
+    return self.tree or self.correlated is not None
 
 
 def build_aggregator(dp: config_lib.DPConfig, clients_per_round: int,
-                     rounds_per_epoch: Optional[int] = None):
+                     rounds_per_epoch: Optional[int] = None, total_rounds: int = 0):
   """The model-update aggregation factory for `dp.kind` (None = TFF's default mean).
 
-  `rounds_per_epoch`: the tree factories restart after every epoch of the shuffled sampler."""
+  `rounds_per_epoch`: the tree factories restart after every epoch of the shuffled sampler;
+  for correlated noise, the sampler's cycle (`correlated_schedule`)."""
   if dp.kind == 'none':
     return None
   tree_options = {}
   if dp.kind in aggregators.TREE_KINDS:
     tree_options['rounds_per_epoch'] = rounds_per_epoch
+  if dp.kind in choices.CORRELATED_DP_KINDS:
+    tree_options.update(correlated_schedule(dp, rounds_per_epoch, total_rounds))
   if dp.kind == 'ftrl_adaptive':
     tree_options.update(restart_warmup=dp.restart_warmup,
                         restart_frequency=dp.restart_frequency)
@@ -52,6 +65,28 @@ def build_aggregator(dp: config_lib.DPConfig, clients_per_round: int,
       dp.kind, noise_multiplier=float(dp.noise_multiplier),
       clients_per_round=float(clients_per_round), clip=float(dp.clip),
       adaptive=dp.adaptive_clipping, noise_allocation=dp.noise_allocation, **tree_options)
+
+
+def correlated_schedule(dp: config_lib.DPConfig, cycle: int, total_rounds: int) -> dict:
+  """The schedule a correlated-noise strategy is planned for: the min-separation sampler
+  visits each client every `cycle` rounds, so at least `cycle` rounds apart and at most
+  ceil(total_rounds / cycle) times; `min_separation` may only lower the first, and
+  `max_participations` only raise the second (a weaker claim is still true)."""
+  needed = math.ceil(total_rounds / cycle)
+  separation = dp.min_separation if dp.min_separation is not None else cycle
+  participations = dp.max_participations if dp.max_participations is not None else needed
+  if separation > cycle:
+    raise UserInputError(
+        f'`min_separation={separation}`: the sampler visits each client every {cycle} rounds '
+        f'(population // clients_per_round); use `min_separation` <= {cycle}, or fewer '
+        'clients per round')
+  if participations < needed:
+    raise UserInputError(
+        f'`max_participations={participations}`: over {total_rounds} rounds a client '
+        f'participates up to {needed} times (every {cycle} rounds); use '
+        f'`max_participations` >= {needed} or fewer rounds')
+  return dict(rounds=total_rounds, min_separation=separation,
+              max_participations=participations, bands=dp.bands)
 
 
 def _sampler(cfg: config_lib.SamplingConfig, client_ids, key_path: str, resume: bool):
@@ -64,7 +99,7 @@ def _sampler(cfg: config_lib.SamplingConfig, client_ids, key_path: str, resume: 
     raise UserInputError(f'`clients_per_round={cfg.clients_per_round}` exceeds the '
                          f'{population} training clients')
   key = None
-  if cfg.client_sampling == 'shuffled' and cfg.sampling_seed is None:
+  if cfg.client_sampling in choices.PERMUTATION_SAMPLERS and cfg.sampling_seed is None:
     key = sampling.load_key(key_path)
     if key is None and resume:
       raise UserInputError(f'`resume`: {key_path} is missing; without the shuffling key the '
@@ -75,7 +110,7 @@ def _sampler(cfg: config_lib.SamplingConfig, client_ids, key_path: str, resume: 
 
 def build(sampling_cfg: config_lib.SamplingConfig, dp: config_lib.DPConfig,
           accounting_cfg: config_lib.AccountingConfig, population: list, key_path: str,
-          resume: bool) -> Privacy:
+          resume: bool, total_rounds: int) -> Privacy:
   """The sampler over `population`, the DP factory, delta and the accountant."""
   sampler = _sampler(sampling_cfg, population, key_path, resume)
   tree = dp.kind in aggregators.TREE_KINDS
@@ -92,10 +127,40 @@ def build(sampling_cfg: config_lib.SamplingConfig, dp: config_lib.DPConfig,
         pld_value_discretization_interval=1e-3,
         neighboring_relation=accounting.TREE_RELATION if tree else 'add_remove')
   dp_factory = build_aggregator(dp, sampling_cfg.clients_per_round,
-                                getattr(sampler, 'rounds_per_epoch', None))
+                                getattr(sampler, 'rounds_per_epoch', None), total_rounds)
   new_key = (isinstance(sampler, sampling.ShuffledSampler) and sampler.secret and not resume)
   return Privacy(sampler=sampler, dp_factory=dp_factory, delta=delta, accountant=accountant,
-                 tree=tree, key_to_save=sampler.key if new_key else None)
+                 tree=tree, key_to_save=sampler.key if new_key else None,
+                 correlated=getattr(dp_factory, 'strategy', None))
+
+
+def available_memory_bytes() -> Optional[int]:
+  """MemAvailable of /proc/meminfo (None where there is none)."""
+  try:
+    with open('/proc/meminfo') as f:
+      for line in f:
+        if line.startswith('MemAvailable:'):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return None
+
+
+def check_noise_memory(dp_factory, trainable_shapes, available: Optional[int]) -> None:
+  """Refuses a correlated-noise strategy whose noise state (`num_buffers` model copies, kept
+  by the coordinator and by TFF's worker) would take more than half of `available` bytes."""
+  copies = getattr(dp_factory, 'num_buffers', 0)
+  if not copies or available is None:
+    return
+  need = copies * 4 * sum(math.prod(s) for s in trainable_shapes)
+  if need > available / 2:
+    kind = dp_factory.strategy.mechanism
+    instead = ('`dp=blt` (a few buffers) or fewer `bands`' if kind == 'bandmf' else
+               'a smaller model')
+    raise UserInputError(
+        f'`dp={kind}` keeps {copies} model copies of noise state ({need / 2**30:.2f} GiB, '
+        f'twice: coordinator and worker) with {available / 2**30:.2f} GiB available; use '
+        f'{instead}')
 
 
 def first_round_queries(process) -> tuple[ledger_lib.GaussianSumQuery, ...]:
@@ -118,7 +183,8 @@ def planned_queries(privacy: Privacy, process, max_epsilon: Optional[float],
   planned = first_round_queries(process)
   if not resume:
     first = privacy.accountant.peek_epsilon(ledger_lib.RoundRecord(
-        1, privacy.sampler.sampling_event(1), planned, 1 if privacy.tree else None))
+        1, privacy.sampler.sampling_event(1), planned, 1 if privacy.tree else None,
+        privacy.correlated))
     if first > max_epsilon:
       raise UserInputError(
           f'`max_epsilon={max_epsilon:g}`: the first round alone would reach epsilon '
@@ -139,4 +205,5 @@ def recorder(privacy: Privacy, ledger_path: str, planned: tuple, resume: bool, l
     log(f'ledger: partial last line from a crash moved to {ledger.repaired_to}')
   return privacy_recorder.PrivacyRecorder(
       ledger=ledger, accountant=privacy.accountant, sampler=privacy.sampler,
-      planned_queries=planned, planned_tree_leaf=1 if privacy.tree else None)
+      planned_queries=planned, planned_tree_leaf=1 if privacy.tree else None,
+      correlated=privacy.correlated)

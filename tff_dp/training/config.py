@@ -250,6 +250,16 @@ class DPConfig(Section):
   restart_frequency: int = setting(
       1024, '... then every this many rounds (and after every epoch of shuffled '
       'participation).', check=_POSITIVE)
+  min_separation: Optional[int] = setting(
+      None, '`dp=blt|bandmf`: the strategy is planned for clients at least this many rounds '
+      'apart (default: the sampler\'s cycle, population // clients_per_round; at most that).',
+      check=_at_least(1))
+  max_participations: Optional[int] = setting(
+      None, '`dp=blt|bandmf`: ... and for at most this many participations of a client '
+      '(default and minimum: what the rounds allow, ceil(total_rounds / cycle)).',
+      check=_at_least(1))
+  bands: Optional[int] = setting(
+      None, '`dp=bandmf`: bands of the strategy (default `min_separation`).', check=_at_least(1))
 
   @property
   def adaptive_clipping(self) -> adaptive_clipping.AdaptiveClipping:
@@ -276,6 +286,13 @@ class DPConfig(Section):
     if self.kind == 'ftrl_adaptive' and self.restart_warmup >= self.restart_frequency:
       raise UserInputError(f'`restart_warmup` ({self.restart_warmup}) must be smaller than '
                            f'`restart_frequency` ({self.restart_frequency})')
+    correlated = self.kind in choices.CORRELATED_DP_KINDS
+    for name in ('min_separation', 'max_participations', 'bands'):
+      if getattr(self, name) is not None and not correlated:
+        raise UserInputError(f'`{name}` is a setting of `dp=blt|bandmf`, not of '
+                             f'`dp={self.kind}`')
+    if self.bands is not None and self.kind != 'bandmf':
+      raise UserInputError('`bands` is a setting of `dp=bandmf`')
 
 
 def _distinct_accountants(methods) -> bool:
@@ -558,7 +575,7 @@ class ExperimentConfig:
     if self.accounting.max_epsilon is not None and dp == 'none':
       raise UserInputError('`max_epsilon` needs DP (`dp` != none)')
     if dp != 'none':
-      accountant.check_analysable(self.sampling.client_sampling, dp in choices.TREE_DP_KINDS)
+      accountant.check_analysable(self.sampling.client_sampling, choices.noise_of(dp))
     if self.canaries.num_canaries:
       if dp == 'none':
         raise UserInputError('`num_canaries` needs DP (`dp` != none): a canary\'s update is '
@@ -566,10 +583,12 @@ class ExperimentConfig:
       if self.runtime.datasets_on_workers:
         raise UserInputError('`num_canaries` does not work with `datasets_on_workers` (a '
                              'canary has no client id the workers could build data for)')
-    if dp in choices.TREE_DP_KINDS and self.output.rounds_per_checkpoint not in (None, 1):
+    if (choices.noise_of(dp) != 'independent'
+        and self.output.rounds_per_checkpoint not in (None, 1)):
       raise UserInputError(
           f'`dp={dp}` needs `rounds_per_checkpoint=1`: a resume must not re-execute a round '
-          'whose output was released (the tree accounting does not cover it)')
+          'whose output was released (its noise state is reused, which the accounting does '
+          'not cover)')
 
   @classmethod
   def from_settings(cls, settings: Optional[Mapping[str, Any]] = None,
@@ -601,7 +620,7 @@ class ExperimentConfig:
     """`rounds_per_checkpoint`, or its default for the mechanism when unset."""
     if self.output.rounds_per_checkpoint is not None:
       return self.output.rounds_per_checkpoint
-    return 1 if self.dp.kind in choices.TREE_DP_KINDS else 10
+    return 1 if choices.noise_of(self.dp.kind) != 'independent' else 10
 
   def with_run_name(self, task_name: Optional[str] = None) -> 'ExperimentConfig':
     """The config with `experiment_name` set: TASK-DP-TIMESTAMP when it is unset (TASK:
@@ -610,6 +629,11 @@ class ExperimentConfig:
       return self
     return self.replace(experiment_name=(f'{task_name or self.task.name}-{self.dp.kind}-'
                                          f'{time.strftime("%Y%m%d-%H%M%S")}'))
+
+
+def is_registered_task(name: str) -> bool:
+  """Whether `name` is one of the registered tasks (`tasks.TASKS`) a run builds itself."""
+  return name in tasks.TASKS
 
 
 def recorded_settings(run_path: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from typing import Any, Optional
 import tensorflow as tf
 
 from tff_dp import canaries as canaries_lib
+from tff_dp import choices
 from tff_dp import checkpoint_aggregation as ca
 from tff_dp import ledger as ledger_lib
 from tff_dp import sampling
@@ -40,9 +41,12 @@ RESUMABLE_CHANGES = config_lib.RESUMABLE_SETTINGS
 
 
 def settings_to_record(cfg: ExperimentConfig, task_name: str) -> dict[str, Any]:
-  """The settings config.json records: every setting, with `task` the name of the task the run
-  trains (a user's own task object has its own)."""
-  return dict(cfg.settings(), task=task_name)
+  """The settings config.json records: every setting; `task` is the `task` setting for a
+  registered task, and a user's own task object's name otherwise."""
+  settings = cfg.settings()
+  if not config_lib.is_registered_task(task_name):
+    settings['task'] = task_name
+  return settings
 
 
 def resume_changes(recorded: dict[str, Any], cfg: ExperimentConfig,
@@ -56,7 +60,8 @@ def resume_changes(recorded: dict[str, Any], cfg: ExperimentConfig,
       settings_to_record(cfg, task_name if task_name is not None else cfg.task.name)))
   changes = {name: (recorded[name], value) for name, value in new.items()
              if name in recorded and name != 'resume' and recorded[name] != value}
-  refused = {k: v for k, v in changes.items() if k not in RESUMABLE_CHANGES}
+  refused = {k: v for k, v in changes.items() if k not in RESUMABLE_CHANGES
+             or (k == 'total_rounds' and cfg.dp.kind in choices.CORRELATED_DP_KINDS)}
   if refused:
     listed = '; '.join(f'`{k}` was {old!r}, now {new_value!r}'
                        for k, (old, new_value) in refused.items())
@@ -64,7 +69,8 @@ def resume_changes(recorded: dict[str, Any], cfg: ExperimentConfig,
         f'cannot resume {os.path.join(cfg.output.root_output_dir, cfg.output.experiment_name)} '
         f'with different settings: {listed}. A resumed run must be the same mechanism, model '
         f'and data; only {", ".join(f"`{k}`" for k in RESUMABLE_CHANGES)} may change (nothing '
-        'was changed)')
+        'was changed; with correlated noise not `total_rounds` either: the strategy is planned '
+        'for them)')
   return changes
 
 
@@ -139,7 +145,8 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
   # Inserted canaries are clients of the population: sampled, and counted in N and q.
   population = canary_run.population(train_ids, config.canaries.num_canaries)
   privacy = build_privacy.build(config.sampling, config.dp, config.accounting, population,
-                                run_dir.secret_file(build_privacy.SAMPLING_KEY_FILE), resume)
+                                run_dir.secret_file(build_privacy.SAMPLING_KEY_FILE), resume,
+                                config.training.total_rounds)
   process = build_process.build(task, config.training, config.adadps, config.runtime,
                                 privacy.dp_factory, public_ids=public_ids,
                                 canaries=bool(config.canaries.num_canaries))
@@ -155,13 +162,15 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
       task.keras_model_fn, task.loss_fn, task.metrics_fn,
       build_evaluation.dataset(task, config.output.max_eval_examples, config.training.seed,
                                evaluation_data.clients))
+  build_privacy.check_noise_memory(privacy.dp_factory, evaluator.trainable_shapes,
+                                   build_privacy.available_memory_bytes())
   hooks = _hooks(config.checkpoint_aggregation, evaluator, canaries)
   stop.raise_if_received('during start-up')
 
   if resume and privacy.accountant is not None:
     ledger_lib.check_resumable(run_dir.file('ledger.jsonl'))   # Refused before any write.
   facts = release.RunFacts(
-      dp=privacy.accountant is not None, noise_state_in_checkpoints=privacy.tree,
+      dp=privacy.accountant is not None, noise_state_in_checkpoints=privacy.noise_state,
       eval_covered=evaluation_data.covered, seeded=config.sampling.sampling_seed is not None,
       private_release=config.output.private_release)
   _write_start(config, task, run_dir, facts, changes, len(population),

@@ -41,6 +41,8 @@ class PrivacyRecorder:
   sampler: Any
   planned_queries: Sequence[ledger_lib.GaussianSumQuery] = ()
   planned_tree_leaf: Optional[int] = None
+  # The correlated-noise strategy every record carries (dp=blt|bandmf), else None.
+  correlated: Optional[ledger_lib.CorrelatedNoise] = None
   last_record: Optional[ledger_lib.RoundRecord] = None   # Of the last executed round.
 
   def resume(self, run_dir, checkpoint_round: int, log) -> None:
@@ -60,7 +62,7 @@ class PrivacyRecorder:
                          'to train without a ledger record')
     self.last_record = ledger_lib.RoundRecord(
         round_num, self.sampler.sampling_event(round_num), tuple(queries),
-        privacy_queries_lib.find_tree_leaf(aggregator_metrics))
+        privacy_queries_lib.find_tree_leaf(aggregator_metrics), self.correlated)
     with run_dir_lib.writing(f'the ledger record of round {round_num}', self.ledger.path):
       self.ledger.append(self.last_record)
     self.accountant.add(self.last_record)
@@ -89,7 +91,8 @@ class PrivacyRecorder:
       leaf = last.tree_leaf + 1 if sampling_event.epoch == last.sampling.epoch else 1
     elif last is None:
       leaf = self.planned_tree_leaf
-    record = ledger_lib.RoundRecord(round_num, sampling_event, tuple(queries), leaf)
+    record = ledger_lib.RoundRecord(round_num, sampling_event, tuple(queries), leaf,
+                                    self.correlated)
     return self.accountant.peek_epsilon(record)
 
 

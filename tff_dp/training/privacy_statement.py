@@ -16,6 +16,7 @@ Headlines:
 
 from typing import Any, Iterable, Mapping, Optional
 
+from tff_dp import choices
 from tff_dp.run_format import release
 
 NEIGHBORING_RELATION = 'add_remove'
@@ -27,6 +28,13 @@ _RELATION_TEXT = {
     'replace_special': 'neighbouring datasets differ in all the data of one client, replaced '
                        'by a special client that contributes nothing (replace-special, '
                        'Kairouz et al. 2021 Definition 1.1; tree aggregation without sampling)',
+}
+_MECHANISM_TEXT = {
+    'independent': 'DP-FedAvg ({dp} clipping, Gaussian noise), as recorded in ledger.jsonl',
+    'tree': 'DP-FTRL ({dp}: tree-aggregation noise), as recorded in ledger.jsonl',
+    'correlated': 'DP-FTRL ({dp}: correlated noise, fixed clip), the strategy and schedule as '
+                  'recorded in ledger.jsonl (`correlated`: buf_decay / output_scale or bands, '
+                  'min_separation, max_participations)',
 }
 _EVAL_TEXT = {
     'test_disjoint': 'the task\'s test split, whose clients are not in the training population',
@@ -72,7 +80,7 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
     return {'differential_privacy': False,
             'guarantee': 'none: the run trained without differential privacy',
             'rounds': rounds_completed}
-  seeded = sampling_event.seeded and sampling_event.kind != 'shuffled'
+  seeded = sampling_event.seeded and sampling_event.kind not in choices.PERMUTATION_SAMPLERS
   headline, relation, labelled = dict(epsilons), neighboring_relation, []
   result: dict[str, Any] = {}
   if fixed_size_proven is not None:
@@ -104,9 +112,7 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
                              else '')
                           + (' with amplification by sampling' if seeded else '')),
       'rounds': rounds_completed,
-      'mechanism': (f'DP-FTRL ({dp}: tree-aggregation noise), as recorded in ledger.jsonl'
-                    if sampling_event.kind == 'shuffled' else
-                    f'DP-FedAvg ({dp} clipping, Gaussian noise), as recorded in ledger.jsonl'),
+      'mechanism': _MECHANISM_TEXT[choices.noise_of(dp)].format(dp=dp),
       'sampling': _sampling(sampling_event),
       'evaluation': _EVAL_TEXT[eval_data],
       'covers': release.outputs_of_class(release.COVERED, facts, files),
@@ -131,6 +137,13 @@ def _sampling(event) -> dict[str, Any]:
   if event.kind == 'poisson':
     sampling['probability'] = event.probability
     sampling['accounted_as'] = 'Poisson subsampling with this probability (exact)'
+  elif event.kind == 'min_separation':
+    sampling['sample_size'] = event.sample_size
+    sampling['accounted_as'] = (
+        'one secret permutation of the population, its blocks visited cyclically: every '
+        f'client every {event.population_size // event.sample_size} rounds, no amplification '
+        'by sampling (correlated noise: the whole run is one Gaussian mechanism whose '
+        'sensitivity is the strategy\'s under min-separation participation)')
   elif event.kind == 'shuffled':
     sampling['sample_size'] = event.sample_size
     sampling['accounted_as'] = (

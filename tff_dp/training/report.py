@@ -5,6 +5,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from tff_dp import checkpoint_aggregation
+from tff_dp import choices
 from tff_dp import ledger as ledger_lib
 from tff_dp.run_format import columns
 from tff_dp.accounting import guarantee
@@ -86,7 +87,7 @@ def _privacy_statement(config: components.LoopConfig, c: components.LoopComponen
     records = ledger_lib.read_ledger(c.privacy.ledger.path)
     if event.kind == 'fixed_size':
       extra['fixed_size_proven'] = guarantee.fixed_size_proven(records, config.delta)
-    if event.seeded and event.kind != 'shuffled':
+    if event.seeded and event.kind not in choices.PERMUTATION_SAMPLERS:
       relation = 'replace_one' if event.kind == 'fixed_size' else extra['neighboring_relation']
       extra['without_amplification'] = guarantee.without_amplification(
           records, config.delta, accountant.methods, relation)

@@ -1,0 +1,172 @@
+"""Correlated-noise DP-FTRL in training (issue 27.2-27.4): the `blt` / `bandmf` factories, the
+min-separation sampler, the ledger and the accounting of a real run. Oracles: TFF's own fixed
+factory with noise off, dense C^-1 C^-T for the noise covariance, brute force over
+participation patterns and dp_accounting for every epsilon."""
+
+import json
+import os
+
+import dp_accounting
+import numpy as np
+import pytest
+import tensorflow_federated as tff
+
+from tff_dp import aggregators
+from tff_dp import ledger as ledger_lib
+from tff_dp import sampling
+from tff_dp.accounting import correlated
+from tff_dp.matrix_factorization import toeplitz
+from run_helpers import main_in_process
+from test_matrix_factorization import _brute_force_sensitivity
+
+SCHEDULE = dict(rounds=6, min_separation=2, max_participations=3)
+
+
+def _process(factory, shapes):
+  return factory.create(tff.to_type([(np.float32, list(s)) for s in shapes]))
+
+
+@pytest.mark.parametrize('kind', ['blt', 'bandmf'])
+def test_with_noise_off_the_factories_are_tffs_fixed_clip_mean(kind):
+  shapes, m = [(3,), (2,)], 4
+  ours = _process(aggregators.build_dp_aggregator(
+      kind, noise_multiplier=0.0, clients_per_round=float(m), clip=0.7, **SCHEDULE), shapes)
+  theirs = _process(tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
+      noise_multiplier=0.0, clients_per_round=float(m), clip=0.7), shapes)
+  rng = np.random.default_rng(0)
+  s_ours, s_theirs = ours.initialize(), theirs.initialize()
+  for _ in range(3):
+    clients = [[rng.normal(size=s).astype(np.float32) * 2 for s in shapes] for _ in range(m)]
+    a, b = ours.next(s_ours, clients), theirs.next(s_theirs, clients)
+    s_ours, s_theirs = a.state, b.state
+    for x, y in zip(a.result, b.result):
+      np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize('kind', ['blt', 'bandmf'])
+def test_the_noise_is_the_strategys_inverse_applied_to_fresh_draws(kind):
+  """Zero updates, 20,000 coordinates: the rounds' noise has covariance stddev^2 C^-1 C^-T /
+  m^2, and each round reports stddev = z x clip x sensitivity."""
+  n, z, clip, m = SCHEDULE['rounds'], 0.8, 0.5, 2.0
+  factory = aggregators.build_dp_aggregator(kind, noise_multiplier=z, clients_per_round=m,
+                                            clip=clip, **SCHEDULE)
+  coefs = correlated.coefs_of(factory.strategy)
+  sens2 = toeplitz.sensitivity_squared_brute_force(toeplitz.materialize(coefs, n), 2, 3)
+  assert factory.stddev == pytest.approx(z * clip * sens2 ** 0.5, rel=1e-9)
+  process = _process(factory, [(20000,)])
+  state, rounds = process.initialize(), []
+  for _ in range(n):
+    out = process.next(state, [[np.zeros(20000, np.float32)]])
+    state = out.state
+    rounds.append(np.asarray(out.result[0]) * m / factory.stddev)
+    reported = out.measurements['privacy_queries']['update']
+    assert float(reported['noise_stddev']) == pytest.approx(factory.stddev, rel=1e-6)
+    assert float(reported['l2_norm_clip']) == pytest.approx(clip)
+  inverse = np.linalg.inv(toeplitz.materialize(coefs, n))
+  expected = inverse @ inverse.T
+  # Each entry within 5 standard errors of a sample covariance of 20,000 Gaussian draws.
+  diagonal = np.diag(expected)
+  stderr = np.sqrt((np.outer(diagonal, diagonal) + expected ** 2) / 20000)
+  assert np.all(np.abs(np.cov(np.stack(rounds)) - expected) < 5 * stderr)
+
+
+def test_the_min_separation_sampler_visits_every_client_every_cycle():
+  ids = [f'c{i}' for i in range(23)]
+  sampler = sampling.MinSeparationSampler(ids, 5, seed=1)
+  assert sampler.min_separation == 4   # 23 // 5 blocks; 3 clients never sampled.
+  seen = {}
+  for r in range(1, 13):
+    for c in sampler.sample(r):
+      seen.setdefault(c, []).append(r)
+    assert sampler.sampling_event(r).kind == 'min_separation'
+  assert len(seen) == 20
+  assert all(b - a == 4 for rounds in seen.values() for a, b in zip(rounds, rounds[1:]))
+
+
+BASE = ['--task=stackoverflow_tag', '--clip=0.5', '--noise_multiplier=1.0',
+        '--clients_per_round=4', '--client_sampling=min_separation', '--total_rounds=7',
+        '--max_eval_examples=20', '--client_batch_size=8', '--so_vocab_size=200',
+        '--so_tag_vocab_size=30', '--delta=1e-3']
+
+
+def _epsilons(run):
+  with open(run / 'metrics.csv') as f:
+    header, *lines = [line.strip().split(',') for line in f]
+  return [float(line[header.index('epsilon_rdp')]) for line in lines]
+
+
+def _brute_sensitivity(coefs, t, b, k):
+  return _brute_force_sensitivity(toeplitz.materialize(coefs, t), b, k) ** 0.5
+
+
+def test_a_blt_run_records_its_strategy_and_is_accounted_as_one_gaussian(tag_data_dir,
+                                                                           tmp_path):
+  root = tmp_path / 'runs'
+  code, out, err = main_in_process('run_experiment.py', BASE + [
+      '--dp=blt', f'--data_dir={tag_data_dir}', f'--root_output_dir={root}',
+      '--experiment_name=b1', '--accounting=rdp'])
+  assert code == 0, err[-2000:]
+  run = root / 'b1'
+  records = ledger_lib.read_ledger(str(run / 'ledger.jsonl'))
+  noise = records[0].correlated
+  # 20 clients, 4 per round: every 5 rounds, so over 7 rounds at most twice.
+  assert (noise.mechanism, noise.min_separation, noise.max_participations) == ('blt', 5, 2)
+  assert noise.buf_decay and all(0 < d < 1 for d in noise.buf_decay)
+  coefs = correlated.coefs_of(noise)
+  ratio = records[0].queries[0].noise_stddev / records[0].queries[0].l2_norm_clip
+  sens = [_brute_sensitivity(coefs, t, 5, 2) for t in range(1, 8)]
+  assert ratio == pytest.approx(1.0 * sens[-1], rel=1e-6)   # z x sens_n.
+  eps = _epsilons(run)
+  assert len(eps) == 7
+  for t, value in enumerate(eps, 1):
+    acc = dp_accounting.rdp.RdpAccountant()
+    acc.compose(dp_accounting.GaussianDpEvent(ratio / sens[t - 1]))
+    assert value == pytest.approx(acc.get_epsilon(1e-3), rel=1e-6)
+  assert os.path.isdir(run / 'secret' / 'checkpoints') and not os.path.exists(run / 'checkpoints')
+  summary = json.loads((run / 'summary.json').read_text())
+  assert 'correlated noise' in summary['privacy']['mechanism']
+  assert any(s.startswith('secret/checkpoints/') for s in summary['privacy']['secrets'])
+
+
+@pytest.mark.parametrize('extra, message', [
+    (['--dp=blt', '--client_sampling=poisson'], 'client_sampling=min_separation'),
+    (['--dp=fixed'], 'dp=blt'),
+    (['--dp=ftrl'], 'client_sampling=shuffled'),
+    (['--dp=bandmf', '--min_separation=9'], '--min_separation <= 5'),
+    (['--dp=blt', '--max_participations=1'], '--max_participations >= 2'),
+    (['--dp=blt', '--bands=3'], 'dp=bandmf'),
+])
+def test_what_the_accounting_cannot_analyse_is_refused_before_anything_is_written(
+    extra, message, tag_data_dir, tmp_path):
+  code, _, err = main_in_process('run_experiment.py', BASE + extra + [
+      f'--data_dir={tag_data_dir}', f'--root_output_dir={tmp_path / "runs"}'])
+  assert code == 2 and message in err, err[-2000:]
+  assert not os.path.exists(tmp_path / 'runs')
+
+
+def test_a_resumed_bandmf_run_continues_its_noise_and_epsilon_curve(tag_data_dir, tmp_path):
+  root = tmp_path / 'runs'
+  args = BASE + ['--dp=bandmf', f'--data_dir={tag_data_dir}', f'--root_output_dir={root}',
+                 '--experiment_name=m1', '--accounting=rdp', '--sampling_seed=2']
+  code, _, err = main_in_process('run_experiment.py', args)
+  assert code == 0, err[-2000:]
+  whole = ledger_lib.read_ledger(str(root / 'm1' / 'ledger.jsonl'))
+  whole_eps = _epsilons(root / 'm1')
+  # The same run stopped by max_epsilon after round 3, then resumed.
+  stop_at = correlated.epsilon_curve(correlated.coefs_of(whole[0].correlated), 7, 5, 2, 1.0,
+                                     1e-3)[2]
+  code, out, err = main_in_process('run_experiment.py', [
+      a.replace('m1', 'm2') for a in args] + [f'--max_epsilon={stop_at * 1.0001}'])
+  assert code == 0 and 'stopping before round 4' in out, err[-2000:]
+  code, out, err = main_in_process('run_experiment.py', [
+      f'--root_output_dir={root}', '--experiment_name=m2', '--resume', '--max_epsilon=100'])
+  assert code == 0, err[-2000:]
+  resumed = ledger_lib.read_ledger(str(root / 'm2' / 'ledger.jsonl'))
+  assert [r.round_num for r in resumed] == list(range(1, 8))
+  assert [r.correlated for r in resumed] == [r.correlated for r in whole]
+  assert _epsilons(root / 'm2') == pytest.approx(whole_eps, rel=1e-9)
+  assert len(whole_eps) == 7
+  # The strategy is planned for total_rounds: it cannot change on resume.
+  code, _, err = main_in_process('run_experiment.py', [
+      f'--root_output_dir={root}', '--experiment_name=m2', '--resume', '--total_rounds=9'])
+  assert code == 2 and 'total_rounds' in err, err[-2000:]

@@ -1,0 +1,111 @@
+"""The accountant of correlated-noise DP-FTRL ledgers (`dp=blt|bandmf`, records with a
+`correlated` strategy, min-separation participation, add/remove neighbouring).
+
+The run is one Gaussian mechanism (`correlated`): after round t, the mechanism on the first t
+rounds has noise multiplier sigma / (clip x sens_t), sigma the stddev of the fresh draws and
+sens_t the min-separation sensitivity of the strategy's first t rounds. RDP is that Gaussian's,
+alpha / (2 z_t^2); PLD is dp_accounting's exact Gaussian PLD. Refused: another strategy or
+schedule mid-run, a participation schedule the strategy was not planned for, and a round
+recorded twice (a resume re-executed a released round with the same noise state, which no
+analysis here covers).
+"""
+
+import copy
+import math
+from typing import Optional, Sequence
+
+import dp_accounting
+import numpy as np
+
+from tff_dp import errors
+from tff_dp import ledger
+from tff_dp.accounting import correlated
+from tff_dp.accounting import events
+from tff_dp.accounting import mechanism_account
+from tff_dp.matrix_factorization import toeplitz
+
+
+class CorrelatedRounds(mechanism_account.MechanismAccount):
+  """RDP / PLD of a correlated-noise ledger so far."""
+  name = 'correlated-noise DP-FTRL (blt, bandmf)'
+
+  def __init__(self, orders: Sequence[float], neighboring_relation: str,
+               methods: Sequence[str], pld_discretization: float):
+    super().__init__(orders, neighboring_relation, methods, pld_discretization)
+    self._strategy: Optional[ledger.CorrelatedNoise] = None
+    self._coefs: Optional[np.ndarray] = None
+    self._ratio = math.inf        # Smallest sigma / clip over the rounds.
+    self._last_round = 0
+
+  @staticmethod
+  def supports(record: ledger.RoundRecord) -> bool:
+    return record.correlated is not None
+
+  def compose(self, record: ledger.RoundRecord) -> None:
+    events.check_analysable(record.sampling.kind, 'correlated')
+    if self.neighboring_relation != 'add_remove':
+      raise errors.UserInputError(
+          f'Round {record.round_num} is correlated noise, accounted under add_remove only; '
+          'use add_remove.')
+    noise, r = record.correlated, record.round_num
+    if self._strategy is None:
+      self._strategy, self._coefs = noise, correlated.coefs_of(noise)
+    elif noise != self._strategy:
+      raise errors.UserInputError(f'Round {r} records another correlated-noise strategy or '
+                                  'schedule than round 1; one run is one strategy.')
+    if r != self._last_round + 1:
+      raise errors.UserInputError(
+          f'Round {r} follows round {self._last_round} in a correlated-noise ledger: a resume '
+          're-executed a round whose output was already released, which this accounting does '
+          'not cover (checkpoint these runs every round: `rounds_per_checkpoint=1`).')
+    self._check_schedule(record)
+    multipliers = events.gaussian_noise_multipliers(record, 'add_remove')
+    if multipliers is None:
+      self._ratio = 0.0
+    elif multipliers:
+      self._ratio = min(self._ratio, min(multipliers))
+    self._last_round = r
+
+  def _check_schedule(self, record: ledger.RoundRecord) -> None:
+    """The sampler's cycle (every population // sample_size rounds) must give at least the
+    strategy's separation and at most its participations over its rounds."""
+    s, noise = record.sampling, self._strategy
+    cycle = s.population_size // s.sample_size
+    if cycle < noise.min_separation or math.ceil(noise.rounds / cycle) > (
+        noise.max_participations) or record.round_num > noise.rounds:
+      raise errors.UserInputError(
+          f'Round {record.round_num}: clients participate every {cycle} rounds, over '
+          f'{noise.rounds} rounds; the strategy was planned for at least '
+          f'{noise.min_separation} rounds apart and at most {noise.max_participations} '
+          'participations, and that many rounds.')
+
+  def _multiplier(self) -> float:
+    """z_t = sigma / (clip sens_t) after the rounds so far."""
+    if self._last_round == 0:
+      return math.inf
+    sens = math.sqrt(toeplitz.sensitivity_squared(
+        self._coefs, self._last_round, self._strategy.min_separation,
+        self._strategy.max_participations))
+    return self._ratio / sens
+
+  def rdp(self) -> np.ndarray:
+    z = self._multiplier()
+    if z == 0.0:
+      return np.full(len(self.orders), np.inf)
+    if z == math.inf:
+      return np.zeros(len(self.orders))
+    return np.asarray(self.orders) / (2.0 * z * z)
+
+  def epsilon_pld(self, delta: float) -> Optional[float]:
+    z = self._multiplier()
+    if z == 0.0:
+      return math.inf
+    if z == math.inf:
+      return 0.0
+    acc = dp_accounting.pld.PLDAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+        value_discretization_interval=self.pld_discretization)
+    return float(acc.compose(dp_accounting.GaussianDpEvent(z)).get_epsilon(delta))
+
+  def rdp_copy(self) -> 'CorrelatedRounds':
+    return copy.deepcopy(self)
