@@ -25,7 +25,7 @@ DP_KINDS = {
     'blt': 'DP-FTRL with buffered linear Toeplitz noise, fixed clip (needs '
            '`client_sampling=min_separation`)',
     'bandmf': 'DP-FTRL with banded matrix-factorization noise, fixed clip (needs '
-              '`client_sampling=min_separation`)',
+              '`client_sampling=min_separation`, or `cyclic_poisson` for amplification)',
 }
 # The DP kinds that adapt a clip with noised clipped-count queries (whose noise is part of the
 # round's budget, `tff_dp.noise_budget.update_noise_multiplier`).
@@ -40,7 +40,10 @@ CORRELATED_DP_KINDS = ('blt', 'bandmf')
 CORRELATED_NOISE_MECHANISMS = {k: DP_KINDS[k] for k in CORRELATED_DP_KINDS}
 # The sampling the accountant analyses each kind of noise with.
 SAMPLERS_FOR_NOISE = {'independent': ('poisson', 'fixed_size'), 'tree': ('shuffled',),
-                      'correlated': ('min_separation',)}
+                      'correlated': ('min_separation', 'cyclic_poisson')}
+# The correlated-noise kinds cyclic Poisson sampling amplifies (Choquette-Choo et al. 2023,
+# Theorem 4: a banded strategy whose bands never span two participations of a client).
+AMPLIFIED_DP_KINDS = ('bandmf',)
 
 
 def noise_of(dp_kind: str) -> str:
@@ -75,9 +78,12 @@ CLIENT_SAMPLERS = {
     'min_separation': 'one secret permutation of the population cut into N // clients_per_round '
                       'blocks visited cyclically: each client every N // clients_per_round '
                       'rounds (correlated-noise DP-FTRL: `dp=blt|bandmf`)',
+    'cyclic_poisson': 'a secret partition of the population into `bands` groups visited '
+                      'cyclically; in its group\'s round each client independently with q = '
+                      'clients_per_round x bands / population (amplified BandMF: `dp=bandmf`)',
 }
 # Samplings that block or cycle a secret permutation (a key kept under secret/ on resume).
-PERMUTATION_SAMPLERS = ('shuffled', 'min_separation')
+PERMUTATION_SAMPLERS = ('shuffled', 'min_separation', 'cyclic_poisson')
 
 # `weighting`: client weights in the average.
 WEIGHTINGS = {

@@ -50,6 +50,7 @@ READABLE_SCHEMA_VERSIONS = (1, 2)
 SAMPLING_KINDS = tuple(choices.CLIENT_SAMPLERS)
 # Sampling kinds whose events carry an epoch (the permutation's epoch, or cycle).
 _WITH_EPOCH = choices.PERMUTATION_SAMPLERS
+_WITH_PROBABILITY = ('poisson', 'cyclic_poisson')
 
 
 class LedgerError(errors.UserInputError):
@@ -105,7 +106,11 @@ class SamplingEvent:
   kind='min_separation': the next block of `sample_size` clients of one secret permutation,
   its blocks visited cyclically (`epoch`: the cycle), so a client participates every
   population_size // sample_size rounds.
-  `epoch` is set for these two kinds only (and only then written to JSON).
+  kind='cyclic_poisson': the population secretly partitioned into `groups` groups visited
+  cyclically (`epoch`: the cycle); in its group's round each client independently with
+  `probability` (`sample_size` None), so a client is sampled at most once per cycle.
+  `epoch` is set for these three kinds only (and only then written to JSON); `groups` for
+  cyclic_poisson only.
   `seeded`: the sample is a function of a sampling seed (reproducible, so a re-executed round
   draws the same clients again: the accountant composes both executions as one sample released
   twice); written to JSON only when true.
@@ -116,15 +121,16 @@ class SamplingEvent:
   sample_size: Optional[int] = None
   epoch: Optional[int] = None
   seeded: bool = False
+  groups: Optional[int] = None
 
   def __post_init__(self):
     if self.kind not in SAMPLING_KINDS:
       raise LedgerError(f'SamplingEvent.kind must be one of {SAMPLING_KINDS}, got {self.kind!r}.')
     n = _as_int(self.population_size, 'SamplingEvent.population_size', 1)
     object.__setattr__(self, 'population_size', n)
-    if self.kind == 'poisson':
+    if self.kind in _WITH_PROBABILITY:
       if self.probability is None or self.sample_size is not None:
-        raise LedgerError('A poisson SamplingEvent needs probability and no sample_size.')
+        raise LedgerError(f'A {self.kind} SamplingEvent needs probability and no sample_size.')
       q = _as_float(self.probability, 'SamplingEvent.probability', allow_zero=False)
       if q > 1:
         raise LedgerError(f'SamplingEvent.probability must be in (0, 1], got {q!r}.')
@@ -141,6 +147,10 @@ class SamplingEvent:
       object.__setattr__(self, 'epoch', _as_int(self.epoch, 'SamplingEvent.epoch', 1))
     elif self.epoch is not None:
       raise LedgerError(f'A {self.kind} SamplingEvent has no epoch, got {self.epoch!r}.')
+    if self.kind == 'cyclic_poisson':
+      object.__setattr__(self, 'groups', _as_int(self.groups, 'SamplingEvent.groups', 1))
+    elif self.groups is not None:
+      raise LedgerError(f'A {self.kind} SamplingEvent has no groups, got {self.groups!r}.')
     if not isinstance(self.seeded, bool):
       raise LedgerError(f'SamplingEvent.seeded must be true or false, got {self.seeded!r}.')
 
@@ -150,6 +160,8 @@ class SamplingEvent:
       del out['epoch']   # Lines written before shuffled sampling existed stay the same.
     if not self.seeded:
       del out['seeded']   # Likewise for secret samples.
+    if self.kind != 'cyclic_poisson':
+      del out['groups']
     return out
 
 
@@ -270,9 +282,10 @@ class RoundRecord:
     s = obj['sampling']
     shuffled = isinstance(s, dict) and s.get('kind') in _WITH_EPOCH
     seeded = isinstance(s, dict) and 'seeded' in s
+    cyclic = isinstance(s, dict) and s.get('kind') == 'cyclic_poisson'
     _check_keys(s, {'kind', 'population_size', 'probability', 'sample_size'}
-                | ({'epoch'} if shuffled else set()) | ({'seeded'} if seeded else set()),
-                'sampling')
+                | ({'epoch'} if shuffled else set()) | ({'seeded'} if seeded else set())
+                | ({'groups'} if cyclic else set()), 'sampling')
     if seeded and s['seeded'] is not True:
       raise LedgerError(f'sampling.seeded is written only as true, got {s["seeded"]!r}.')
     if not isinstance(obj['queries'], list):
@@ -280,6 +293,7 @@ class RoundRecord:
     integers = [('round_num', obj['round_num']), ('population_size', s['population_size'])]
     integers += [('tree_leaf', obj['tree_leaf'])] if tree else []
     integers += [('epoch', s['epoch'])] if shuffled else []
+    integers += [('groups', s['groups'])] if cyclic else []
     for name, v in integers:
       if not isinstance(v, int) or isinstance(v, bool):
         raise LedgerError(f'{name} must be a JSON integer, got {v!r}.')

@@ -1,4 +1,4 @@
-# Longer than 350 lines: the four samplers with their ledger events and the keys that keep
+# Longer than 350 lines: the five samplers with their ledger events and the keys that keep
 # them secret, side by side, so that each is read beside the others it must match.
 """Client samplers and their privacy-ledger events; the sample is secret unless seeded.
 
@@ -28,6 +28,10 @@ Accounting each sampler maps to (see `tff_dp.accounting.accountant`):
     Unlike the others it must draw the same permutation again when a resumed run re-executes
     rounds of an epoch (or clients would participate twice in it), so its randomness is a
     secret key (32 bytes from the OS unless seeded) that a run keeps beside its checkpoints.
+  * `MinSeparationSampler` (one secret permutation, its blocks visited cyclically) and
+    `CyclicPoissonSampler` (a secret partition into groups visited cyclically, Poisson within
+    the group) -> correlated-noise DP-FTRL only (`tff_dp.accounting.correlated`); keys as
+    `ShuffledSampler`'s.
 """
 
 import hashlib
@@ -290,6 +294,59 @@ class MinSeparationSampler(ShuffledSampler):
                                 seeded=not self.secret)
 
 
+class CyclicPoissonSampler(ShuffledSampler):
+  """One secret permutation of the population dealt into `groups` groups (client at position
+  j of the permutation is in group j % groups); round r visits group (r - 1) % groups and
+  includes each of its clients independently with `probability` (may return no client). So a
+  client can only participate every `groups` rounds, at most once per cycle: the sampling of
+  amplified BandMF (Choquette-Choo et al. 2023, Theorem 4), `groups` = the strategy's bands.
+
+  The partition is a secret key's (kept beside the checkpoints, as `ShuffledSampler`'s); each
+  round's Poisson draw comes from OS randomness, or from `np.random.default_rng([seed, r])`
+  with a seed, as `PoissonSampler`'s. `epoch(r)` is the cycle of round r."""
+
+  def __init__(self, client_ids: Sequence[Hashable], groups: int, probability: float,
+               seed: Optional[int] = None, key: Optional[bytes] = None):
+    ids = _check_population(client_ids)
+    groups = _non_negative_int(groups, 'groups')
+    if not 1 <= groups <= len(ids):
+      raise errors.UserInputError(
+          f'groups must be in [1, {len(ids)}] (the population), got {groups}.')
+    super().__init__(ids, groups, seed=seed, key=key)
+    # ShuffledSampler's block arithmetic with block size `groups`: one cycle has N // groups
+    # blocks; here a cycle is `groups` rounds instead.
+    self.groups = self.rounds_per_epoch = groups
+    del self.sample_size
+    self.probability = PoissonSampler(ids[:1], probability).probability   # Checked alike.
+    self._drawn: dict[int, list] = {}
+
+  @property
+  def expected_clients_per_round(self) -> float:
+    return self.probability * len(self.client_ids) / self.groups
+
+  def members(self, round_num: int) -> np.ndarray:
+    """Indices (into `client_ids`) of the group round `round_num` visits."""
+    return self.permutation(1)[(round_num - 1) % self.groups::self.groups]
+
+  def sample(self, round_num: int) -> list:
+    epoch = self.epoch(round_num)
+    del epoch   # Checks round_num.
+    if round_num not in self._drawn:
+      group = self.members(round_num)
+      randomness = (_SecretRandomness() if self.seed is None
+                    else _SeededRandomness(self.seed, round_num))
+      idx = np.sort(group[randomness.uniform(len(group)) < self.probability])
+      self._drawn[round_num] = [self.client_ids[i] for i in idx]
+      for old in [r for r in self._drawn if r < round_num - 1]:
+        del self._drawn[old]   # Only the current and the prefetched round are kept.
+    return list(self._drawn[round_num])
+
+  def sampling_event(self, round_num: int) -> ledger.SamplingEvent:
+    return ledger.SamplingEvent(kind='cyclic_poisson', population_size=len(self.client_ids),
+                                probability=self.probability, epoch=self.epoch(round_num),
+                                groups=self.groups, seeded=not self.secret)
+
+
 def holdout_key(seed: Optional[int]) -> bytes:
   """The key choosing held-out evaluation clients: 32 bytes from the OS, or derived from a
   sampling seed (reproducible, and then known to whoever holds the seed)."""
@@ -344,20 +401,40 @@ def save_key(path: str, key: bytes) -> None:
 # `client_sampling` -> the sampler of `clients_per_round` clients (its expected number for
 # Poisson) from a population (`build_sampler`).
 _SAMPLERS = {
-    'poisson': lambda ids, m, seed, key: PoissonSampler(ids, m / len(ids), seed=seed),
-    'fixed_size': lambda ids, m, seed, key: FixedSizeSampler(ids, m, seed=seed),
-    'shuffled': lambda ids, m, seed, key: ShuffledSampler(ids, m, seed=seed, key=key),
-    'min_separation': lambda ids, m, seed, key: MinSeparationSampler(ids, m, seed=seed, key=key),
+    'poisson': lambda ids, m, seed, key, groups: PoissonSampler(ids, m / len(ids), seed=seed),
+    'fixed_size': lambda ids, m, seed, key, groups: FixedSizeSampler(ids, m, seed=seed),
+    'shuffled': lambda ids, m, seed, key, groups: ShuffledSampler(ids, m, seed=seed, key=key),
+    'min_separation': lambda ids, m, seed, key, groups: MinSeparationSampler(
+        ids, m, seed=seed, key=key),
+    'cyclic_poisson': lambda ids, m, seed, key, groups: CyclicPoissonSampler(
+        ids, groups, cyclic_poisson_probability(len(ids), m, groups), seed=seed, key=key),
 }
 choices.check_implemented(choices.CLIENT_SAMPLERS, _SAMPLERS, 'tff_dp.sampling')
 
 
+def cyclic_poisson_probability(population: int, clients_per_round: int, groups: int) -> float:
+  """q = clients_per_round x groups / population: a group's round then samples
+  `clients_per_round` clients on average."""
+  q = clients_per_round * groups / population
+  if q > 1:
+    raise errors.UserInputError(
+        f'cyclic Poisson sampling of {clients_per_round} clients per round from {groups} '
+        f'groups of a population of {population} needs q = {q:.3g} > 1; use fewer '
+        '`clients_per_round` or fewer `bands`')
+  return q
+
+
 def build_sampler(kind: str, client_ids: Sequence[Hashable], clients_per_round: int,
-                  seed: Optional[int] = None, key: Optional[bytes] = None) -> _Sampler:
+                  seed: Optional[int] = None, key: Optional[bytes] = None,
+                  groups: Optional[int] = None) -> _Sampler:
   """The `kind` sampler (a `choices.CLIENT_SAMPLERS` name) of `clients_per_round` clients;
-  `key`: the shuffled sampler's secret key (None: a new one, unless `seed` is given)."""
+  `key`: the permutation samplers' secret key (None: a new one, unless `seed` is given);
+  `groups`: cyclic Poisson's number of groups (required by it, refused by the others)."""
   if kind not in _SAMPLERS:
     raise errors.UserInputError(f'`client_sampling` must be one of '
                                 f'{choices.one_of(_SAMPLERS)}, got {kind!r}')
+  if (kind == 'cyclic_poisson') != (groups is not None):
+    raise errors.UserInputError('cyclic Poisson sampling needs its number of groups (`bands`), '
+                                'and only it takes one')
   ids = _check_population(client_ids)
-  return _SAMPLERS[kind](ids, clients_per_round, seed, key)
+  return _SAMPLERS[kind](ids, clients_per_round, seed, key, groups)

@@ -24,6 +24,7 @@ directory, or not a valid ledger (a truncated or edited line, or a deleted, dupl
 reordered line: tff_dp.ledger.read_ledger names the line).
 """
 
+import math
 import os
 import sys
 
@@ -117,8 +118,38 @@ def _curve() -> None:
   print('\n'.join(out))
 
 
+def _calibrate_amplified() -> None:
+  """Amplified BandMF: cyclic Poisson over --bands groups (`correlated` module docstring)."""
+  from tff_dp import sampling  # pylint: disable=g-import-not-at-top
+  from tff_dp.accounting import correlated  # pylint: disable=g-import-not-at-top
+  for name in ('rounds', 'bands', 'clients_per_round', 'population'):
+    if FLAGS[name].value is None:
+      raise errors.UserInputError(f'--sampling=cyclic_poisson needs --{name}.')
+  for name in ('min_separation', 'max_participations', 'clipped_count_stddev'):
+    if FLAGS[name].present:
+      raise errors.UserInputError(f'--sampling=cyclic_poisson visits each of --bands groups '
+                                  f'every --bands rounds, with a fixed clip: drop --{name}.')
+  correlated.delta_lib.check_delta(FLAGS.delta, FLAGS.population)
+  q = sampling.cyclic_poisson_probability(FLAGS.population, FLAGS.clients_per_round,
+                                          FLAGS.bands)
+  cycles = math.ceil(FLAGS.rounds / FLAGS.bands)
+  method = 'rdp' if FLAGS.method == 'both' else FLAGS.method
+  z = correlated.calibrate(FLAGS.target_epsilon, FLAGS.delta, method, probability=q,
+                           compositions=cycles)
+  found = correlated.strategy(FLAGS.mechanism, FLAGS.rounds, FLAGS.bands, cycles,
+                             bands=FLAGS.bands, amplified=True)
+  print(f'noise_multiplier={z!r}')
+  print('\n'.join(correlated.describe(found)))
+  print(f'epsilon={correlated.amplified_epsilon(q, z, cycles, FLAGS.delta, method)!r} '
+        f'delta={FLAGS.delta!r} rounds={FLAGS.rounds} method={method} neighboring=add_remove '
+        f'sampling=cyclic_poisson(q={q!r}, {FLAGS.bands} groups, {cycles} cycles)')
+
+
 def _calibrate_correlated() -> None:
   from tff_dp.accounting import correlated  # pylint: disable=g-import-not-at-top
+  if FLAGS.sampling == 'cyclic_poisson':
+    _calibrate_amplified()
+    return
   for name in ('rounds', 'min_separation', 'max_participations'):
     if FLAGS[name].value is None:
       raise errors.UserInputError(f'--mechanism={FLAGS.mechanism} needs --{name}.')

@@ -11,6 +11,14 @@ mechanism on the first t rounds, a Gaussian with multiplier z x sens_n / sens_t 
 
 The noise multiplier that meets a target epsilon depends only on z, never on the strategy: the
 strategy decides how much of that noise ends up in the model (`toeplitz.loss`).
+
+Amplified BandMF (Choquette-Choo et al. 2023, "Amplified BandMF", Theorem 4): with a strategy
+of `bands` coefficients and cyclic Poisson sampling over `groups` >= bands groups (round t
+samples each client of group t mod groups with probability q), a client's participations are
+at least `groups` rounds apart, so each moves a block of rows of C x no other participation
+touches, by at most clip x ||column of C||. Fresh draws are then scaled by z x clip x that
+column norm, and the run after round t is the ceil(t / groups)-fold composition of the
+Poisson-sampled (q) Gaussian with multiplier z.
 """
 
 import dataclasses
@@ -44,11 +52,16 @@ class Strategy:
 
 
 def strategy(mechanism: str, rounds: int, min_separation: int, max_participations: int, *,
-             bands: Optional[int] = None, max_buffers: int = 4) -> Strategy:
+             bands: Optional[int] = None, max_buffers: int = 4,
+             amplified: bool = False) -> Strategy:
   """The strategy of `mechanism` for the schedule: the optimized BLT, or the banded square
   root with `bands` (default: min_separation, so a client's participations never share a band)
-  coefficients."""
+  coefficients. `amplified` (bandmf only, with `bands` <= min_separation: cyclic Poisson
+  sampling over min_separation groups): the sensitivity is one participation's, the largest
+  column norm (the module docstring)."""
   _check_schedule(rounds, min_separation, max_participations)
+  if amplified:
+    check_amplified(mechanism, bands or min_separation, min_separation)
   if mechanism == 'blt':
     found, _ = blt.optimize(rounds, min_separation, max_participations, max_buffers=max_buffers)
     coefs = found.coefs(rounds)
@@ -59,9 +72,23 @@ def strategy(mechanism: str, rounds: int, min_separation: int, max_participation
     params = {'bands': int(min(bands, rounds))}
   else:
     raise errors.UserInputError(f'`mechanism` must be one of {MECHANISMS}, got {mechanism!r}.')
-  sens2 = toeplitz.sensitivity_squared(coefs, rounds, min_separation, max_participations)
+  participations = 1 if amplified else max_participations
+  sens2 = toeplitz.sensitivity_squared(coefs, rounds, min_separation, participations)
   return Strategy(mechanism, tuple(float(c) for c in coefs), params, sens2,
-                  toeplitz.loss(coefs, rounds, min_separation, max_participations))
+                  toeplitz.loss(coefs, rounds, min_separation, participations))
+
+
+def check_amplified(mechanism: str, bands: int, groups: int) -> None:
+  """UserInputError unless cyclic Poisson sampling over `groups` groups amplifies
+  `mechanism` with `bands` bands."""
+  if mechanism not in choices.AMPLIFIED_DP_KINDS:
+    raise errors.UserInputError(
+        f'`dp={mechanism}` cannot be amplified by cyclic Poisson sampling (its noise spans '
+        'all rounds, not bands); use `dp=bandmf`, or `client_sampling=min_separation`')
+  if bands > groups:
+    raise errors.UserInputError(
+        f'`bands={bands}` exceeds the {groups} groups of cyclic Poisson sampling: one band '
+        'would span two participations of a client; use `bands` <= the groups')
 
 
 def coefs_of(noise: ledger.CorrelatedNoise) -> np.ndarray:
@@ -92,9 +119,7 @@ def gaussian_epsilon(z: float, delta: float, method: str = 'rdp') -> float:
   """Epsilon at delta of the Gaussian mechanism with noise multiplier z (add/remove)."""
   if z == math.inf:
     return 0.0
-  acc = (dp_accounting.rdp.RdpAccountant(neighboring_relation=_RELATION) if method == 'rdp'
-         else dp_accounting.pld.PLDAccountant(neighboring_relation=_RELATION))
-  return float(acc.compose(dp_accounting.GaussianDpEvent(z)).get_epsilon(delta))
+  return float(_accountant(method).compose(dp_accounting.GaussianDpEvent(z)).get_epsilon(delta))
 
 
 def epsilon_curve(coefs, rounds: int, min_separation: int, max_participations: int,
@@ -111,22 +136,45 @@ def epsilon_curve(coefs, rounds: int, min_separation: int, max_participations: i
   return curve
 
 
-def calibrate(target_epsilon: float, delta: float, method: str = 'rdp',
-              tol: float = 1e-6) -> float:
-  """The smallest noise multiplier z (within tol) whose Gaussian mechanism meets
-  (target_epsilon, delta): the run's z for any strategy."""
+def amplified_event(probability: float, noise_multiplier: float,
+                    compositions: int) -> dp_accounting.DpEvent:
+  """Amplified BandMF after `compositions` cycles: that many Poisson-sampled Gaussians."""
+  return dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+      probability, dp_accounting.GaussianDpEvent(noise_multiplier)), compositions)
+
+
+def amplified_epsilon(probability: float, noise_multiplier: float, compositions: int,
+                      delta: float, method: str = 'rdp') -> float:
+  """Epsilon at delta of `amplified_event` (add/remove)."""
+  if noise_multiplier == math.inf:
+    return 0.0
+  return float(_accountant(method).compose(amplified_event(
+      probability, noise_multiplier, compositions)).get_epsilon(delta))
+
+
+def _accountant(method: str):
+  return (dp_accounting.rdp.RdpAccountant(neighboring_relation=_RELATION) if method == 'rdp'
+          else dp_accounting.pld.PLDAccountant(neighboring_relation=_RELATION))
+
+
+def calibrate(target_epsilon: float, delta: float, method: str = 'rdp', tol: float = 1e-6,
+              *, probability: Optional[float] = None, compositions: int = 1) -> float:
+  """The smallest noise multiplier z (within tol) whose mechanism meets (target_epsilon,
+  delta): the Gaussian (the run's z for any strategy under min separation), or with
+  `probability`, amplified BandMF over `compositions` cycles."""
   delta = delta_lib.check_delta(delta)
   if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
     raise errors.UserInputError(f'target_epsilon must be positive and finite, got '
                                 f'{target_epsilon}.')
+  if probability is None:
+    event = dp_accounting.GaussianDpEvent
+  else:
+    event = lambda z: amplified_event(probability, z, compositions)
   lo, hi = 1e-3, 1.0
-  while gaussian_epsilon(hi, delta, method) > target_epsilon:
+  while _accountant(method).compose(event(hi)).get_epsilon(delta) > target_epsilon:
     lo, hi = hi, hi * 2
   z = dp_accounting.calibrate_dp_mechanism(
-      lambda: (dp_accounting.rdp.RdpAccountant(neighboring_relation=_RELATION)
-               if method == 'rdp' else
-               dp_accounting.pld.PLDAccountant(neighboring_relation=_RELATION)),
-      dp_accounting.GaussianDpEvent, target_epsilon, delta,
+      lambda: _accountant(method), event, target_epsilon, delta,
       bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi), tol=tol)
   return float(z)
 

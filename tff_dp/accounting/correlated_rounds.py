@@ -1,10 +1,16 @@
 """The accountant of correlated-noise DP-FTRL ledgers (`dp=blt|bandmf`, records with a
-`correlated` strategy, min-separation participation, add/remove neighbouring).
+`correlated` strategy, min-separation or cyclic Poisson participation, add/remove).
 
-The run is one Gaussian mechanism (`correlated`): after round t, the mechanism on the first t
-rounds has noise multiplier sigma / (clip x sens_t), sigma the stddev of the fresh draws and
-sens_t the min-separation sensitivity of the strategy's first t rounds. RDP is that Gaussian's,
-alpha / (2 z_t^2); PLD is dp_accounting's exact Gaussian PLD. Refused: another strategy or
+Min separation: the run is one Gaussian mechanism (`correlated`): after round t, the mechanism
+on the first t rounds has noise multiplier z_t = sigma / (clip x sens_t), sigma the stddev of
+the fresh draws and sens_t the min-separation sensitivity of the strategy's first t rounds.
+RDP is that Gaussian's, alpha / (2 z_t^2); PLD is dp_accounting's exact Gaussian PLD.
+
+Cyclic Poisson (amplified BandMF): after round t, in cycle c, the c-fold composition of the
+Poisson-sampled (q) Gaussian with multiplier sigma / (clip x the largest column norm of the
+first t rounds); RDP by the vectorised series (`rdp_gaussian`), PLD by dp_accounting.
+
+Refused: another strategy or
 schedule mid-run, a participation schedule the strategy was not planned for, and a round
 recorded twice (a resume re-executed a released round with the same noise state, which no
 analysis here covers).
@@ -22,6 +28,7 @@ from tff_dp import ledger
 from tff_dp.accounting import correlated
 from tff_dp.accounting import events
 from tff_dp.accounting import mechanism_account
+from tff_dp.accounting import rdp_gaussian
 from tff_dp.matrix_factorization import toeplitz
 
 
@@ -36,6 +43,8 @@ class CorrelatedRounds(mechanism_account.MechanismAccount):
     self._coefs: Optional[np.ndarray] = None
     self._ratio = math.inf        # Smallest sigma / clip over the rounds.
     self._last_round = 0
+    self._probability: Optional[float] = None   # Cyclic Poisson's q (amplified), else None.
+    self._cycles = 0
 
   @staticmethod
   def supports(record: ledger.RoundRecord) -> bool:
@@ -58,7 +67,10 @@ class CorrelatedRounds(mechanism_account.MechanismAccount):
           f'Round {r} follows round {self._last_round} in a correlated-noise ledger: a resume '
           're-executed a round whose output was already released, which this accounting does '
           'not cover (checkpoint these runs every round: `rounds_per_checkpoint=1`).')
-    self._check_schedule(record)
+    if record.sampling.kind == 'cyclic_poisson':
+      self._check_cycle(record)
+    else:
+      self._check_schedule(record)
     multipliers = events.gaussian_noise_multipliers(record, 'add_remove')
     if multipliers is None:
       self._ratio = 0.0
@@ -79,13 +91,28 @@ class CorrelatedRounds(mechanism_account.MechanismAccount):
           f'{noise.min_separation} rounds apart and at most {noise.max_participations} '
           'participations, and that many rounds.')
 
+  def _check_cycle(self, record: ledger.RoundRecord) -> None:
+    """Cyclic Poisson must amplify this strategy (bandmf, bands <= groups), over the groups it
+    was planned for (its min separation), with one q for the run."""
+    s, noise = record.sampling, self._strategy
+    correlated.check_amplified(noise.mechanism, noise.bands or noise.min_separation, s.groups)
+    if s.groups != noise.min_separation or record.round_num > noise.rounds:
+      raise errors.UserInputError(
+          f'Round {record.round_num}: cyclic Poisson over {s.groups} groups; the strategy was '
+          f'planned for {noise.min_separation} groups and {noise.rounds} rounds.')
+    if self._probability not in (None, s.probability):
+      raise errors.UserInputError(f'Round {record.round_num} samples with q = {s.probability}, '
+                                  f'earlier rounds with {self._probability}; one run, one q.')
+    self._probability, self._cycles = s.probability, max(self._cycles, s.epoch)
+
   def _multiplier(self) -> float:
-    """z_t = sigma / (clip sens_t) after the rounds so far."""
+    """z_t = sigma / (clip sens_t) after the rounds so far (amplified: sens_t is one
+    participation's)."""
     if self._last_round == 0:
       return math.inf
+    participations = 1 if self._probability is not None else self._strategy.max_participations
     sens = math.sqrt(toeplitz.sensitivity_squared(
-        self._coefs, self._last_round, self._strategy.min_separation,
-        self._strategy.max_participations))
+        self._coefs, self._last_round, self._strategy.min_separation, participations))
     return self._ratio / sens
 
   def rdp(self) -> np.ndarray:
@@ -94,6 +121,9 @@ class CorrelatedRounds(mechanism_account.MechanismAccount):
       return np.full(len(self.orders), np.inf)
     if z == math.inf:
       return np.zeros(len(self.orders))
+    if self._probability is not None:
+      return self._cycles * rdp_gaussian.poisson_sampled_gaussian_rdp(
+          self._probability, z, self.orders)
     return np.asarray(self.orders) / (2.0 * z * z)
 
   def epsilon_pld(self, delta: float) -> Optional[float]:
@@ -105,7 +135,9 @@ class CorrelatedRounds(mechanism_account.MechanismAccount):
     acc = dp_accounting.pld.PLDAccountant(
         neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
         value_discretization_interval=self.pld_discretization)
-    return float(acc.compose(dp_accounting.GaussianDpEvent(z)).get_epsilon(delta))
+    event = (dp_accounting.GaussianDpEvent(z) if self._probability is None else
+             correlated.amplified_event(self._probability, z, self._cycles))
+    return float(acc.compose(event).get_epsilon(delta))
 
   def rdp_copy(self) -> 'CorrelatedRounds':
     return copy.deepcopy(self)

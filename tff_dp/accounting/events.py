@@ -71,9 +71,10 @@ def check_analysable(sampling_kind: str, noise: str) -> None:
         'shuffled participation is accounted for tree-aggregation noise only (no '
         'amplification analysis for independent Gaussian noise); use `dp=ftrl` or '
         '`dp=ftrl_adaptive`, or `client_sampling=poisson`.')
+  kinds = '`dp=bandmf`' if sampling_kind == 'cyclic_poisson' else '`dp=blt` or `dp=bandmf`'
   raise errors.UserInputError(
       f'{sampling_kind} participation is accounted for correlated noise only; use '
-      '`dp=blt` or `dp=bandmf`, or `client_sampling=poisson`.')
+      f'{kinds}, or `client_sampling=poisson`.')
 
 
 def gaussian_noise_multipliers(record: ledger.RoundRecord,

@@ -69,7 +69,7 @@ _EXTRA_ARGUMENTS = {'per_layer_adaptive': None, 'joint': None,
                     'ftrl_adaptive': ('rounds_per_epoch', 'noise_seed', 'restart_warmup',
                                       'restart_frequency')}
 _CORRELATED_ARGUMENTS = ('rounds', 'min_separation', 'max_participations', 'bands',
-                         'noise_seed')
+                         'noise_seed', 'amplified')
 _EXTRA_ARGUMENTS.update({kind: _CORRELATED_ARGUMENTS for kind in choices.CORRELATED_DP_KINDS})
 TREE_KINDS = choices.TREE_DP_KINDS
 choices.check_implemented([k for k in choices.DP_KINDS if k != 'none'], _FACTORIES,
@@ -87,8 +87,8 @@ def build_dp_aggregator(kind: str, *, noise_multiplier: float, clients_per_round
   `joint_clip`, `adaptive_scales`) factories, and to the tree factories (`rounds_per_epoch`,
   `noise_seed`; ftrl_adaptive also `restart_warmup`, `restart_frequency`), and to the
   correlated-noise factories (blt, bandmf: `rounds`, `min_separation`, `max_participations`,
-  and `bands`, `noise_seed`; `CorrelatedNoiseFactory.for_schedule`); anything else is a
-  UserInputError. ftrl_adaptive adapts geometrically (as TFF); the tree factories use no
+  and `bands`, `noise_seed`, `amplified`; `CorrelatedNoiseFactory.for_schedule`); anything
+  else is a UserInputError. ftrl_adaptive adapts geometrically (as TFF); the tree factories use no
   `noise_allocation`.
   """
   if kind not in DP_KINDS:

@@ -103,8 +103,8 @@ class CorrelatedNoiseFactory(tff.aggregators.UnweightedAggregationFactory):
 
   `noise_multiplier` z: the run's (`tff_dp.accounting.correlated`); the fresh draws have
   stddev z x clip x sensitivity, sensitivity^2 the strategy's min-separation sensitivity over
-  its rounds. Measurements: privacy_queries {update: (clip, that stddev)}, plus TFF's
-  dp_query_metrics / dp.
+  its rounds (amplified: its largest column norm). Measurements: privacy_queries
+  {update: (clip, that stddev)}, plus TFF's dp_query_metrics / dp.
   """
 
   def __init__(self, *, strategy: ledger.CorrelatedNoise, coefs: Sequence[float],
@@ -123,12 +123,15 @@ class CorrelatedNoiseFactory(tff.aggregators.UnweightedAggregationFactory):
   def for_schedule(cls, mechanism: str, *, rounds: int, min_separation: int,
                    max_participations: int, clip: float, noise_multiplier: float,
                    clients_per_round: float, bands: Optional[int] = None,
-                   noise_seed: Optional[int] = None) -> 'CorrelatedNoiseFactory':
+                   noise_seed: Optional[int] = None,
+                   amplified: bool = False) -> 'CorrelatedNoiseFactory':
     """The factory of `mechanism` ('blt': the optimized BLT; 'bandmf': the banded square
     root with `bands`, default min_separation) for `rounds` rounds of a schedule where each
-    client participates at most `max_participations` times, at least `min_separation` apart."""
+    client participates at most `max_participations` times, at least `min_separation` apart.
+    `amplified` (bandmf, cyclic Poisson sampling over min_separation groups): the fresh draws
+    are scaled to one participation's sensitivity (`tff_dp.accounting.correlated`)."""
     found = correlated.strategy(mechanism, rounds, min_separation, max_participations,
-                                bands=bands)
+                                bands=bands, amplified=amplified)
     return cls(strategy=correlated.recorded(found, rounds, min_separation, max_participations),
                coefs=found.coefs,
                sensitivity=found.sensitivity_squared ** 0.5, clip=clip,

@@ -46,18 +46,21 @@ class Privacy:
 
 
 def build_aggregator(dp: config_lib.DPConfig, clients_per_round: int,
-                     rounds_per_epoch: Optional[int] = None, total_rounds: int = 0):
+                     rounds_per_epoch: Optional[int] = None, total_rounds: int = 0,
+                     amplified: bool = False):
   """The model-update aggregation factory for `dp.kind` (None = TFF's default mean).
 
   `rounds_per_epoch`: the tree factories restart after every epoch of the shuffled sampler;
-  for correlated noise, the sampler's cycle (`correlated_schedule`)."""
+  for correlated noise, the sampler's cycle (`correlated_schedule`). `amplified`: the sampler
+  is cyclic Poisson (amplified BandMF)."""
   if dp.kind == 'none':
     return None
   tree_options = {}
   if dp.kind in aggregators.TREE_KINDS:
     tree_options['rounds_per_epoch'] = rounds_per_epoch
   if dp.kind in choices.CORRELATED_DP_KINDS:
-    tree_options.update(correlated_schedule(dp, rounds_per_epoch, total_rounds))
+    tree_options.update(correlated_schedule(dp, rounds_per_epoch, total_rounds),
+                        amplified=amplified)
   if dp.kind == 'ftrl_adaptive':
     tree_options.update(restart_warmup=dp.restart_warmup,
                         restart_frequency=dp.restart_frequency)
@@ -89,9 +92,11 @@ def correlated_schedule(dp: config_lib.DPConfig, cycle: int, total_rounds: int) 
               max_participations=participations, bands=dp.bands)
 
 
-def _sampler(cfg: config_lib.SamplingConfig, client_ids, key_path: str, resume: bool):
-  """The configured sampler; the shuffled one's secret key is read from `key_path` on resume
-  (a new key mid-epoch would let clients participate twice in the epoch)."""
+def _sampler(cfg: config_lib.SamplingConfig, client_ids, key_path: str, resume: bool,
+             groups: Optional[int]):
+  """The configured sampler (`groups`: cyclic Poisson's); a permutation sampler's secret key is
+  read from `key_path` on resume (a new key mid-epoch would let clients participate twice in
+  the epoch)."""
   population = len(client_ids)
   if population == 0:
     raise UserInputError('the training data has no clients')
@@ -104,15 +109,17 @@ def _sampler(cfg: config_lib.SamplingConfig, client_ids, key_path: str, resume: 
     if key is None and resume:
       raise UserInputError(f'`resume`: {key_path} is missing; without the shuffling key the '
                            'epochs cannot be continued (clients could participate twice)')
-  return sampling.build_sampler(cfg.client_sampling, client_ids, cfg.clients_per_round,
-                                seed=cfg.sampling_seed, key=key)
+  return sampling.build_sampler(
+      cfg.client_sampling, client_ids, cfg.clients_per_round, seed=cfg.sampling_seed, key=key,
+      groups=groups)
 
 
 def build(sampling_cfg: config_lib.SamplingConfig, dp: config_lib.DPConfig,
           accounting_cfg: config_lib.AccountingConfig, population: list, key_path: str,
           resume: bool, total_rounds: int) -> Privacy:
   """The sampler over `population`, the DP factory, delta and the accountant."""
-  sampler = _sampler(sampling_cfg, population, key_path, resume)
+  cyclic = sampling_cfg.client_sampling == 'cyclic_poisson'
+  sampler = _sampler(sampling_cfg, population, key_path, resume, dp.bands if cyclic else None)
   tree = dp.kind in aggregators.TREE_KINDS
   delta = accounting.check_delta(
       accounting_cfg.delta if accounting_cfg.delta is not None
@@ -127,7 +134,8 @@ def build(sampling_cfg: config_lib.SamplingConfig, dp: config_lib.DPConfig,
         pld_value_discretization_interval=1e-3,
         neighboring_relation=accounting.TREE_RELATION if tree else 'add_remove')
   dp_factory = build_aggregator(dp, sampling_cfg.clients_per_round,
-                                getattr(sampler, 'rounds_per_epoch', None), total_rounds)
+                                getattr(sampler, 'rounds_per_epoch', None), total_rounds,
+                                amplified=cyclic)
   new_key = (isinstance(sampler, sampling.ShuffledSampler) and sampler.secret and not resume)
   return Privacy(sampler=sampler, dp_factory=dp_factory, delta=delta, accountant=accountant,
                  tree=tree, key_to_save=sampler.key if new_key else None,

@@ -259,7 +259,9 @@ class DPConfig(Section):
       '(default and minimum: what the rounds allow, ceil(total_rounds / cycle)).',
       check=_at_least(1))
   bands: Optional[int] = setting(
-      None, '`dp=bandmf`: bands of the strategy (default `min_separation`).', check=_at_least(1))
+      None, '`dp=bandmf`: bands of the strategy (default `min_separation`); with '
+      '`client_sampling=cyclic_poisson` (required), also its number of groups.',
+      check=_at_least(1))
 
   @property
   def adaptive_clipping(self) -> adaptive_clipping.AdaptiveClipping:
@@ -576,6 +578,20 @@ class ExperimentConfig:
       raise UserInputError('`max_epsilon` needs DP (`dp` != none)')
     if dp != 'none':
       accountant.check_analysable(self.sampling.client_sampling, choices.noise_of(dp))
+    if self.sampling.client_sampling == 'cyclic_poisson':
+      if dp not in choices.AMPLIFIED_DP_KINDS:
+        raise UserInputError(
+            '`client_sampling=cyclic_poisson` amplifies '
+            f'{choices.one_of(choices.AMPLIFIED_DP_KINDS)} only (`dp={dp}` has no analysis of '
+            'it); use `dp=bandmf`, or `client_sampling=min_separation`')
+      if self.dp.bands is None:
+        raise UserInputError('`client_sampling=cyclic_poisson` needs `bands`: the clients are '
+                             'partitioned into that many groups')
+      for name in ('min_separation', 'max_participations'):
+        if getattr(self.dp, name) is not None:
+          raise UserInputError(f'`{name}` is a setting of `client_sampling=min_separation`; '
+                               'cyclic Poisson visits each of `bands` groups every `bands` '
+                               'rounds')
     if self.canaries.num_canaries:
       if dp == 'none':
         raise UserInputError('`num_canaries` needs DP (`dp` != none): a canary\'s update is '

@@ -144,6 +144,15 @@ def _sampling(event) -> dict[str, Any]:
         f'client every {event.population_size // event.sample_size} rounds, no amplification '
         'by sampling (correlated noise: the whole run is one Gaussian mechanism whose '
         'sensitivity is the strategy\'s under min-separation participation)')
+  elif event.kind == 'cyclic_poisson':
+    sampling['probability'] = event.probability
+    sampling['groups'] = event.groups
+    sampling['accounted_as'] = (
+        f'a secret partition of the population into {event.groups} groups visited cyclically, '
+        'each client of the visited group independently with this probability (amplified '
+        'BandMF, Choquette-Choo et al. 2023 Theorem 4: per cycle one Poisson-subsampled '
+        'Gaussian whose sensitivity is the strategy\'s largest column norm, composed over the '
+        'cycles; it assumes the bands never exceed the groups, which the run checked)')
   elif event.kind == 'shuffled':
     sampling['sample_size'] = event.sample_size
     sampling['accounted_as'] = (
