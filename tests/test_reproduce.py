@@ -8,6 +8,7 @@ import re
 import subprocess
 
 import dp_accounting
+import numpy as np
 import pytest
 
 from tff_dp import ledger as ledger_lib
@@ -19,6 +20,7 @@ from run_helpers import script
 from run_helpers import script_env
 from run_helpers import tagged_env
 from run_helpers import tagged_workers
+from test_matrix_factorization import _brute_force_sensitivity
 
 EXPERIMENTS = os.path.join(REPO, 'experiments')
 TABLES = sorted(d for d in os.listdir(EXPERIMENTS) if os.path.isdir(os.path.join(EXPERIMENTS, d)))
@@ -99,6 +101,38 @@ def test_ftrl_noise_is_calibrated_to_the_papers_epsilon(arm):
       cfg.paper.paper_results['epsilon'], abs=0.02)
 
 
+_POPULATION = {'dpftrl_mechanisms_emnist': 3400, 'dpftrl_mechanisms_stackoverflow_nwp': 342477}
+
+
+@pytest.mark.parametrize('arm', [a for a in ARMS if os.path.basename(os.path.dirname(a))
+                                 in _POPULATION], ids=lambda p: os.path.relpath(p, EXPERIMENTS))
+def test_dpftrl_mechanism_arms_are_calibrated_to_the_tables_epsilon(arm):
+  """Each mechanism's z meets the table's epsilon under that mechanism's analysis, built here
+  with dp_accounting: Poisson-sampled Gaussians (DP-FedAvg), one tree per epoch of shuffled
+  participation (the tree), one Gaussian (blt, bandmf under min separation: z does not depend
+  on the strategy), ceil(n / bands) Poisson-sampled Gaussians (amplified BandMF)."""
+  cfg = _arm_config(arm, 'full')
+  n, m, z = cfg.training.total_rounds, cfg.sampling.clients_per_round, cfg.dp.noise_multiplier
+  population = _POPULATION[os.path.basename(os.path.dirname(arm))]
+  sampled = lambda q: dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z))
+  acc = dp_accounting.rdp.RdpAccountant()
+  if cfg.dp.kind == 'fixed':
+    acc.compose(sampled(m / population), n)
+  elif cfg.dp.kind == 'ftrl':
+    acc = dp_accounting.rdp.RdpAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_SPECIAL)
+    epoch = population // m
+    for start in range(0, n, epoch):
+      acc.compose(dp_accounting.SingleEpochTreeAggregationDpEvent(z, min(epoch, n - start)))
+  elif cfg.sampling.client_sampling == 'cyclic_poisson':
+    acc.compose(sampled(m * cfg.dp.bands / population), math.ceil(n / cfg.dp.bands))
+  else:
+    assert cfg.sampling.client_sampling == 'min_separation'
+    acc.compose(dp_accounting.GaussianDpEvent(z))
+  target = cfg.paper.paper_results['epsilon']
+  assert target - 0.01 < acc.get_epsilon(cfg.accounting.delta) <= target
+
+
 def test_dry_run_and_bad_input(tmp_path):
   out = _reproduce(['--table=li2022_adadps_stackoverflow_tag', '--scale=smoke', '--dry_run',
                     f'--root_output_dir={tmp_path}'])
@@ -135,11 +169,45 @@ def _table_rows(path):
   return rows
 
 
+def _strategy_matrix(noise, n):
+  """The n x n lower-triangular Toeplitz strategy a ledger records, built here: the BLT's
+  coefficients 1, sum_i w_i t_i^(k-1), or the column-normalized banded square root."""
+  if noise.mechanism == 'blt':
+    coefs = [1.0] + [sum(w * t**(k - 1) for w, t in zip(noise.output_scale, noise.buf_decay))
+                     for k in range(1, n)]
+  else:
+    root = np.array([math.comb(2 * k, k) / 4**k for k in range(min(noise.bands, n))])
+    coefs = list(root / np.linalg.norm(root)) + [0.0] * (n - min(noise.bands, n))
+  return np.array([[coefs[i - j] if i >= j else 0.0 for j in range(n)] for i in range(n)])
+
+
+def _correlated_epsilon(records, delta):
+  """Correlated noise: one Gaussian with multiplier sigma / (clip sens_t) under min
+  separation, brute-force sensitivity; amplified BandMF: ceil(t / groups) Poisson-sampled
+  Gaussians at one column's norm."""
+  noise, s, t = records[0].correlated, records[-1].sampling, len(records)
+  (query,) = records[0].queries
+  ratio = float(query.noise_stddev) / float(query.l2_norm_clip)
+  matrix = _strategy_matrix(noise, t)
+  acc = dp_accounting.rdp.RdpAccountant()
+  if s.kind == 'cyclic_poisson':
+    column = float(np.linalg.norm(matrix[:, 0]))
+    acc.compose(dp_accounting.PoissonSampledDpEvent(
+        s.probability, dp_accounting.GaussianDpEvent(ratio / column)), math.ceil(t / s.groups))
+  else:
+    sens = _brute_force_sensitivity(matrix, noise.min_separation, noise.max_participations)
+    acc.compose(dp_accounting.GaussianDpEvent(ratio / math.sqrt(sens)))
+  return acc.get_epsilon(delta)
+
+
 def _independent_epsilon(run_dir, delta):
   """Epsilon from the ledger through dp_accounting directly (no tff_dp accountant): the sampled
   Gaussian per round, or, for tree noise (DP-FTRL), one tree event per epoch of shuffled
-  participation (a tree restarts where a record's tree_leaf is 1) under replace-special."""
+  participation (a tree restarts where a record's tree_leaf is 1) under replace-special, or
+  for correlated noise `_correlated_epsilon`."""
   records = ledger_lib.read_ledger(os.path.join(run_dir, 'ledger.jsonl'))
+  if records and records[0].correlated is not None:
+    return _correlated_epsilon(records, delta)
   if records and records[0].tree_leaf is not None:
     acc = dp_accounting.rdp.RdpAccountant(
         neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_SPECIAL)
@@ -173,6 +241,8 @@ _ONE_ARM_PER_TABLE = {
     'andrew2021_stackoverflow_nwp': ['adaptive'],
     'li2022_adadps_stackoverflow_tag': ['adadps'],
     _RECYCLING: ['ftrl_eps8.2_last_iterate', 'ftrl_eps8.2_train_on_ema'],
+    'dpftrl_mechanisms_emnist': ['blt'],
+    'dpftrl_mechanisms_stackoverflow_nwp': ['bandmf_amplified_eps8.2'],
 }
 
 
