@@ -17,7 +17,8 @@ BENCHMARKS = sorted(f for f in os.listdir(os.path.join(REPO, 'benchmarks'))
                     and f not in ('bench_common.py', 'bench_args.py'))
 # Where a benchmark writes data or runs by default outside a temporary directory.
 PATHS = {'bench_canaries.py': ('--cache_root', '--out_dir'),
-         'bench_population.py': ('--cache_root',), 'bench_scaling.py': ('--cache_dir',)}
+         'bench_population.py': ('--cache_root',), 'bench_scaling.py': ('--cache_dir',),
+         'bench_noise_cohort.py': ('--cache_dir',)}
 
 
 def test_every_benchmark_is_listed_and_has_a_smoke_setting():

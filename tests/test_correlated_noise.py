@@ -170,3 +170,39 @@ def test_a_resumed_bandmf_run_continues_its_noise_and_epsilon_curve(tag_data_dir
   code, _, err = main_in_process('run_experiment.py', [
       f'--root_output_dir={root}', '--experiment_name=m2', '--resume', '--total_rounds=9'])
   assert code == 2 and 'total_rounds' in err, err[-2000:]
+
+
+@pytest.mark.parametrize('kind', ['blt', 'bandmf'])
+def test_resume_mid_run_with_noise_off_gives_the_uninterrupted_model(kind, tag_task, tmp_path):
+  """Stopped after round 3 (a stop signal between rounds) and resumed to round 7: the noise
+  state (zero with noise off), the seeded samples and the server optimizer continue, so the
+  final model is the uninterrupted run's."""
+  import signal  # pylint: disable=g-import-not-at-top
+  from tff_dp.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  from tff_dp.training import experiment  # pylint: disable=g-import-not-at-top
+  from tff_dp.training import stop_signal  # pylint: disable=g-import-not-at-top
+  settings = dict(root_output_dir=str(tmp_path), task='stackoverflow_tag', total_rounds=7,
+                  clients_per_round=4, dp=kind, clip=0.5, noise_multiplier=0.0,
+                  client_sampling='min_separation', server_momentum=0.9, seed=3,
+                  sampling_seed=5, max_eval_examples=20, delta=1e-3)
+
+  def run(name, resume=False, stop_after=None):
+    stop = stop_signal.StopSignal(lambda s: None)
+
+    def log(line):
+      if stop_after is not None and line.startswith(f'round {stop_after:>4d}/'):
+        stop.received = signal.SIGTERM   # As the handler records a signal.
+    cfg = config_lib.ExperimentConfig.from_settings(settings, experiment_name=name,
+                                                    resume=resume)
+    return experiment.run(cfg, tag_task, log=log, stop=stop)
+
+  whole = run('whole')
+  stopped = run('part', stop_after=3)
+  assert stopped.rounds_completed == 3
+  resumed = run('part', resume=True)
+  assert resumed.rounds_completed == 7
+  for a, b in zip(whole.final_state.global_model_weights.trainable,
+                  resumed.final_state.global_model_weights.trainable):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  records = ledger_lib.read_ledger(str(tmp_path / 'part' / 'ledger.jsonl'))
+  assert [r.round_num for r in records] == list(range(1, 8))

@@ -18,6 +18,12 @@ r"""CLI: epsilon curve of a ledger, or noise calibration.
       calibrates correlated-noise DP-FTRL (blt or bandmf) under min-separation participation
       (the run is one Gaussian mechanism) and prints the strategy: buf_decay=[...] and
       output_scale=[...] for BLT, bands for BandMF, its sensitivity and loss.
+  python -m tff_dp.accounting --plan --rounds 2000 --population 1000000 --delta 1e-7 \
+      --plan_noise_multipliers 0.5,0.8,1,1.5 --clients_per_round 5000 --target_epsilon 2 \
+      [--plan_cohorts 1000,5000] [--plan_output privacy_plan.png]
+      the privacy planner: epsilon (RDP) against rounds for each noise multiplier and cohort
+      size, for DP-FedAvg, the tree, BLT / BandMF (and amplified BandMF with --bands); prints
+      a table, draws the PNG.
 
 Bad input: one line on stderr, exit code 2. That includes a --ledger that is missing, a
 directory, or not a valid ledger (a truncated or edited line, or a deleted, duplicated or
@@ -81,6 +87,19 @@ flags.DEFINE_float('clipped_count_stddev', None,
                    'Calibration mode, adaptive clipping: stddev sigma_b of the clipped-count '
                    'sum (TFF default 0.05 * clients_per_round). Omit for fixed clipping.',
                    flag_values=FLAGS)
+flags.DEFINE_bool('plan', False, 'Planner mode: epsilon against rounds for a grid of noise '
+                  'multipliers (--plan_noise_multipliers) and cohort sizes (--plan_cohorts, '
+                  'or --clients_per_round), for each mechanism; --target_epsilon is marked.',
+                  flag_values=FLAGS)
+flags.DEFINE_list('plan_noise_multipliers', None, 'Planner: noise multipliers z to draw.',
+                  flag_values=FLAGS)
+flags.DEFINE_list('plan_cohorts', None, 'Planner: clients per round to draw (default '
+                  '--clients_per_round).', flag_values=FLAGS)
+flags.DEFINE_list('plan_mechanisms', None, 'Planner: mechanisms to draw (default: gaussian, '
+                  'tree, correlated, and amplified_bandmf when --bands is given).',
+                  flag_values=FLAGS)
+flags.DEFINE_string('plan_output', 'privacy_plan.png', 'Planner: the PNG to write.',
+                    flag_values=FLAGS)
 flags.DEFINE_enum('sampling', 'poisson', list(ledger.SAMPLING_KINDS),
                   'Calibration mode: client sampling scheme.', flag_values=FLAGS)
 
@@ -172,6 +191,46 @@ def _calibrate_correlated() -> None:
         f'{FLAGS.max_participations})')
 
 
+def _numbers(name: str, cast) -> list:
+  try:
+    return [cast(v) for v in FLAGS[name].value or ()]
+  except ValueError:
+    raise errors.UserInputError(f'--{name} must be a comma-separated list of numbers, got '
+                                f'{",".join(FLAGS[name].value)}.') from None
+
+
+def _plan() -> None:
+  """Planner mode: the table on stdout, the picture at --plan_output."""
+  from tff_dp.accounting import planner  # pylint: disable=g-import-not-at-top
+  for name in ('rounds', 'population', 'plan_noise_multipliers'):
+    if FLAGS[name].value is None:
+      raise errors.UserInputError(f'--plan needs --{name}.')
+  cohorts = _numbers('plan_cohorts', int) or (
+      [FLAGS.clients_per_round] if FLAGS.clients_per_round is not None else [])
+  if not cohorts:
+    raise errors.UserInputError('--plan needs --plan_cohorts or --clients_per_round.')
+  output = cli_flags.path(FLAGS.plan_output)
+  if not output.endswith('.png') or not os.path.isdir(os.path.dirname(output) or '.'):
+    raise errors.UserInputError(f'--plan_output {FLAGS.plan_output}: must be a .png in an '
+                                'existing directory.')
+  found = planner.curves(
+      total_rounds=FLAGS.rounds, population=FLAGS.population, delta=FLAGS.delta,
+      noise_multipliers=_numbers('plan_noise_multipliers', float), cohort_sizes=cohorts,
+      mechanisms=FLAGS.plan_mechanisms, bands=FLAGS.bands)
+  target = FLAGS.target_epsilon
+  print(f'mechanism,noise_multiplier,clients_per_round,epsilon_rdp_after_{FLAGS.rounds}'
+        + (f',rounds_within_epsilon_{target:g}' if target is not None else ''))
+  for c in found:
+    print(f'{c.mechanism},{c.noise_multiplier:g},{c.clients_per_round},{c.epsilons[-1]:.6g}'
+          + (f',{c.rounds_within(target)}' if target is not None else ''))
+  from tff_dp import plan_plot  # pylint: disable=g-import-not-at-top
+  plan_plot.draw(found, output, delta=FLAGS.delta, population=FLAGS.population,
+                 target_epsilon=target,
+                 descriptions=dict(planner.MECHANISMS, amplified_bandmf=(
+                     f'amplified BandMF: cyclic Poisson over {FLAGS.bands} groups')))
+  print(f'plot: {output}', file=sys.stderr)
+
+
 def _calibrate() -> None:
   from tff_dp.accounting import calibration  # pylint: disable=g-import-not-at-top
   if FLAGS.mechanism in choices.CORRELATED_NOISE_MECHANISMS:
@@ -208,6 +267,9 @@ def main(argv) -> int:
       return 0
     if FLAGS.delta is None:
       raise errors.UserInputError('--delta is required.')
+    if FLAGS.plan:
+      _plan()
+      return 0
     if (FLAGS.ledger is None) == (FLAGS.target_epsilon is None):
       raise errors.UserInputError('give exactly one of --ledger (epsilon curve) or '
                                   '--target_epsilon (calibration).')

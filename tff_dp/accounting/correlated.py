@@ -32,6 +32,7 @@ from tff_dp import choices
 from tff_dp import errors
 from tff_dp import ledger
 from tff_dp.accounting import delta as delta_lib
+from tff_dp.accounting import rdp_gaussian
 from tff_dp.matrix_factorization import banded
 from tff_dp.matrix_factorization import blt
 from tff_dp.matrix_factorization import toeplitz
@@ -141,6 +142,13 @@ def amplified_event(probability: float, noise_multiplier: float,
   """Amplified BandMF after `compositions` cycles: that many Poisson-sampled Gaussians."""
   return dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
       probability, dp_accounting.GaussianDpEvent(noise_multiplier)), compositions)
+
+
+def amplified_rdp(probability: float, noise_multiplier: float, compositions: int,
+                  orders) -> np.ndarray:
+  """RDP at `orders` of `amplified_event` (the vectorised series, as runs compose it)."""
+  return compositions * rdp_gaussian.poisson_sampled_gaussian_rdp(
+      probability, noise_multiplier, orders)
 
 
 def amplified_epsilon(probability: float, noise_multiplier: float, compositions: int,

@@ -28,7 +28,6 @@ from tff_dp import ledger
 from tff_dp.accounting import correlated
 from tff_dp.accounting import events
 from tff_dp.accounting import mechanism_account
-from tff_dp.accounting import rdp_gaussian
 from tff_dp.matrix_factorization import toeplitz
 
 
@@ -122,8 +121,7 @@ class CorrelatedRounds(mechanism_account.MechanismAccount):
     if z == math.inf:
       return np.zeros(len(self.orders))
     if self._probability is not None:
-      return self._cycles * rdp_gaussian.poisson_sampled_gaussian_rdp(
-          self._probability, z, self.orders)
+      return correlated.amplified_rdp(self._probability, z, self._cycles, self.orders)
     return np.asarray(self.orders) / (2.0 * z * z)
 
   def epsilon_pld(self, delta: float) -> Optional[float]:

@@ -23,6 +23,7 @@ from tff_dp.run_format import classes
 CLIP = 'clip'                        # An L2 clip norm an update query used.
 EPSILON = 'epsilon'                  # The proven epsilon after the round.
 CANARY_EPSILON = 'canary_epsilon'    # An empirical (canary) estimate of epsilon.
+PROJECTED_EPSILON = 'projected_epsilon'   # A noise cohort's production epsilon (not this run's).
 EVAL = 'eval'                        # A central evaluation metric.
 OTHER = 'other'
 
@@ -82,6 +83,11 @@ COLUMNS = (
     Column('epsilon_(' + '|'.join(choices.ACCOUNTANTS) + ')',
            'epsilon after the round at the run\'s delta, by accountant', 'epsilon',
            classes.COVERED, EPSILON, family=True),
+    Column('projected_epsilon_(' + '|'.join(choices.ACCOUNTANTS) + ')',
+           'noise cohort (`noise_cohort_size`): the epsilon a production run of that cohort '
+           'from `noise_population` would have after the round, a projection that protects '
+           'none of this run\'s clients', 'epsilon', classes.COVERED, PROJECTED_EPSILON,
+           family=True),
     Column(CANARY_FINAL_MODEL, 'canary estimate of epsilon, final model',
            'epsilon', classes.COVERED, CANARY_EPSILON),
     Column(CANARY_ALL_ITERATES, 'canary estimate of epsilon, all iterates',

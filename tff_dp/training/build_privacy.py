@@ -37,6 +37,8 @@ class Privacy:
   key_to_save: Optional[bytes]   # A new secret shuffling key (saved once the run dir exists).
   # The strategy of correlated noise (dp=blt|bandmf), recorded with every round.
   correlated: Optional[ledger_lib.CorrelatedNoise] = None
+  # A noise-cohort simulation's projected production run (`noise_cohort_size`), else None.
+  projection: Optional[privacy_recorder.Projection] = None
 
   @property
   def noise_state(self) -> bool:
@@ -47,14 +49,20 @@ class Privacy:
 
 def build_aggregator(dp: config_lib.DPConfig, clients_per_round: int,
                      rounds_per_epoch: Optional[int] = None, total_rounds: int = 0,
-                     amplified: bool = False):
+                     amplified: bool = False, noise_scale: float = 1.0):
   """The model-update aggregation factory for `dp.kind` (None = TFF's default mean).
 
   `rounds_per_epoch`: the tree factories restart after every epoch of the shuffled sampler;
   for correlated noise, the sampler's cycle (`correlated_schedule`). `amplified`: the sampler
-  is cyclic Poisson (amplified BandMF)."""
+  is cyclic Poisson (amplified BandMF). `noise_scale`: what every query's noise is multiplied
+  by (a noise cohort's m / M; the noise multiplier and clipped-count stddev the settings give
+  are the production run's)."""
   if dp.kind == 'none':
     return None
+  adaptive = dp.adaptive_clipping
+  if noise_scale != 1.0 and adaptive.clipped_count_stddev is not None:
+    adaptive = dataclasses.replace(
+        adaptive, clipped_count_stddev=adaptive.clipped_count_stddev * noise_scale)
   tree_options = {}
   if dp.kind in aggregators.TREE_KINDS:
     tree_options['rounds_per_epoch'] = rounds_per_epoch
@@ -65,9 +73,9 @@ def build_aggregator(dp: config_lib.DPConfig, clients_per_round: int,
     tree_options.update(restart_warmup=dp.restart_warmup,
                         restart_frequency=dp.restart_frequency)
   return aggregators.build_dp_aggregator(
-      dp.kind, noise_multiplier=float(dp.noise_multiplier),
+      dp.kind, noise_multiplier=float(dp.noise_multiplier) * noise_scale,
       clients_per_round=float(clients_per_round), clip=float(dp.clip),
-      adaptive=dp.adaptive_clipping, noise_allocation=dp.noise_allocation, **tree_options)
+      adaptive=adaptive, noise_allocation=dp.noise_allocation, **tree_options)
 
 
 def correlated_schedule(dp: config_lib.DPConfig, cycle: int, total_rounds: int) -> dict:
@@ -114,32 +122,48 @@ def _sampler(cfg: config_lib.SamplingConfig, client_ids, key_path: str, resume: 
       groups=groups)
 
 
+def _accountant(accounting_cfg: config_lib.AccountingConfig, delta: float, tree: bool):
+  # PLD at a 1e-3 value grid: dp_accounting discretizes pessimistically (a valid upper
+  # bound), measured equal to the 1e-4 grid to 8 digits here and 10x faster per round; the
+  # post-hoc `python -m tff_dp.accounting` replays the ledger at the finer default.
+  return accounting.LedgerAccountant(
+      delta=delta, methods=tuple(accounting_cfg.methods), pld_every=accounting_cfg.pld_every,
+      pld_value_discretization_interval=1e-3,
+      neighboring_relation=accounting.TREE_RELATION if tree else 'add_remove')
+
+
+def _projection(cohort, accounting_cfg: config_lib.AccountingConfig, tree: bool):
+  """The projected production run of a noise cohort: its accountant at the configured delta,
+  or by default the one suggested for the production population."""
+  population = cohort.population
+  delta = accounting.check_delta(
+      accounting_cfg.delta if accounting_cfg.delta is not None
+      else accounting.suggested_delta(population), population)
+  return privacy_recorder.Projection(cohort, _accountant(accounting_cfg, delta, tree), delta)
+
+
 def build(sampling_cfg: config_lib.SamplingConfig, dp: config_lib.DPConfig,
           accounting_cfg: config_lib.AccountingConfig, population: list, key_path: str,
-          resume: bool, total_rounds: int) -> Privacy:
-  """The sampler over `population`, the DP factory, delta and the accountant."""
+          resume: bool, total_rounds: int, cohort=None) -> Privacy:
+  """The sampler over `population`, the DP factory, delta and the accountant; `cohort`: a
+  noise-cohort simulation (`noise_cohort.NoiseCohort`) and its projection."""
   cyclic = sampling_cfg.client_sampling == 'cyclic_poisson'
   sampler = _sampler(sampling_cfg, population, key_path, resume, dp.bands if cyclic else None)
   tree = dp.kind in aggregators.TREE_KINDS
   delta = accounting.check_delta(
       accounting_cfg.delta if accounting_cfg.delta is not None
       else accounting.suggested_delta(len(population)), len(population))
-  accountant = None
-  if dp.kind != 'none':
-    # PLD at a 1e-3 value grid: dp_accounting discretizes pessimistically (a valid upper
-    # bound), measured equal to the 1e-4 grid to 8 digits here and 10x faster per round; the
-    # post-hoc `python -m tff_dp.accounting` replays the ledger at the finer default.
-    accountant = accounting.LedgerAccountant(
-        delta=delta, methods=tuple(accounting_cfg.methods), pld_every=accounting_cfg.pld_every,
-        pld_value_discretization_interval=1e-3,
-        neighboring_relation=accounting.TREE_RELATION if tree else 'add_remove')
+  accountant = _accountant(accounting_cfg, delta, tree) if dp.kind != 'none' else None
   dp_factory = build_aggregator(dp, sampling_cfg.clients_per_round,
                                 getattr(sampler, 'rounds_per_epoch', None), total_rounds,
-                                amplified=cyclic)
+                                amplified=cyclic,
+                                noise_scale=cohort.scale if cohort is not None else 1.0)
   new_key = (isinstance(sampler, sampling.ShuffledSampler) and sampler.secret and not resume)
   return Privacy(sampler=sampler, dp_factory=dp_factory, delta=delta, accountant=accountant,
                  tree=tree, key_to_save=sampler.key if new_key else None,
-                 correlated=getattr(dp_factory, 'strategy', None))
+                 correlated=getattr(dp_factory, 'strategy', None),
+                 projection=(_projection(cohort, accounting_cfg, tree) if cohort is not None
+                             else None))
 
 
 def available_memory_bytes() -> Optional[int]:
@@ -214,4 +238,4 @@ def recorder(privacy: Privacy, ledger_path: str, planned: tuple, resume: bool, l
   return privacy_recorder.PrivacyRecorder(
       ledger=ledger, accountant=privacy.accountant, sampler=privacy.sampler,
       planned_queries=planned, planned_tree_leaf=1 if privacy.tree else None,
-      correlated=privacy.correlated)
+      correlated=privacy.correlated, projection=privacy.projection)

@@ -29,6 +29,7 @@ from tff_dp import choices
 from tff_dp import noise_budget
 from tff_dp import worker_addresses
 from tff_dp.accounting import accountant
+from tff_dp.accounting import noise_cohort
 from tff_dp.errors import UserInputError
 
 
@@ -262,6 +263,15 @@ class DPConfig(Section):
       None, '`dp=bandmf`: bands of the strategy (default `min_separation`); with '
       '`client_sampling=cyclic_poisson` (required), also its number of groups.',
       check=_at_least(1))
+  noise_cohort_size: Optional[int] = setting(
+      None, 'Simulate production noise: train `clients_per_round` clients but add the noise of '
+      'a cohort of this many (every query\'s noise scaled by clients_per_round / this), and '
+      'report the epsilon of a production run of this many clients per round from '
+      '`noise_population` as a projection. This run\'s own clients are protected only at its '
+      'own, much larger, epsilon.', check=_at_least(1))
+  noise_population: Optional[int] = setting(
+      None, '`noise_cohort_size`: the production population the projected epsilon samples '
+      'from.', check=_at_least(1))
 
   @property
   def adaptive_clipping(self) -> adaptive_clipping.AdaptiveClipping:
@@ -572,8 +582,10 @@ class ExperimentConfig:
     if dp in choices.ADAPTIVE_DP_KINDS and self.dp.noise_multiplier:
       noise_budget.update_noise_multiplier(
           self.dp.noise_multiplier, noise_budget.resolve_clipped_count_stddev(
-              self.dp.clipped_count_stddev, self.sampling.clients_per_round,
+              self.dp.clipped_count_stddev,
+              self.dp.noise_cohort_size or self.sampling.clients_per_round,
               self.dp.noise_multiplier))
+    self._check_noise_cohort()
     if self.accounting.max_epsilon is not None and dp == 'none':
       raise UserInputError('`max_epsilon` needs DP (`dp` != none)')
     if dp != 'none':
@@ -605,6 +617,29 @@ class ExperimentConfig:
           f'`dp={dp}` needs `rounds_per_checkpoint=1`: a resume must not re-execute a round '
           'whose output was released (its noise state is reused, which the accounting does '
           'not cover)')
+
+  def _check_noise_cohort(self) -> None:
+    cohort, population = self.dp.noise_cohort_size, self.dp.noise_population
+    if (cohort is None) != (population is None):
+      raise UserInputError('`noise_cohort_size` and `noise_population` go together: the '
+                           'projection samples the cohort from that population')
+    if cohort is None:
+      return
+    if self.dp.kind == 'none':
+      raise UserInputError('`noise_cohort_size` needs DP (`dp` != none)')
+    if self.output.private_release:
+      raise UserInputError('`private_release` refuses `noise_cohort_size`: a simulation\'s '
+                           'projected epsilon protects nobody it trained on; release a run '
+                           'without a noise cohort')
+    noise_cohort.NoiseCohort(cohort, population, self.sampling.clients_per_round)
+
+  @property
+  def noise_cohort(self) -> Optional[noise_cohort.NoiseCohort]:
+    """The noise-cohort simulation of this run, or None."""
+    if self.dp.noise_cohort_size is None:
+      return None
+    return noise_cohort.NoiseCohort(self.dp.noise_cohort_size, self.dp.noise_population,
+                                    self.sampling.clients_per_round)
 
   @classmethod
   def from_settings(cls, settings: Optional[Mapping[str, Any]] = None,

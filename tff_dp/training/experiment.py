@@ -146,7 +146,7 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
   population = canary_run.population(train_ids, config.canaries.num_canaries)
   privacy = build_privacy.build(config.sampling, config.dp, config.accounting, population,
                                 run_dir.secret_file(build_privacy.SAMPLING_KEY_FILE), resume,
-                                config.training.total_rounds)
+                                config.training.total_rounds, cohort=config.noise_cohort)
   process = build_process.build(task, config.training, config.adadps, config.runtime,
                                 privacy.dp_factory, public_ids=public_ids,
                                 canaries=bool(config.canaries.num_canaries))

@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any, Optional, Sequence
 
 from tff_dp import ledger as ledger_lib
+from tff_dp.accounting import noise_cohort
 from tff_dp.aggregators import privacy_queries as privacy_queries_lib
 from tff_dp.training import resume
 from tff_dp.training import run_dir as run_dir_lib
@@ -30,6 +31,33 @@ def next_round_bound(queries) -> tuple:
 
 
 @dataclasses.dataclass
+class Projection:
+  """The production run a noise-cohort simulation stands for (`noise_cohort.NoiseCohort`):
+  each recorded round is replayed as its production round into `accountant`, at `delta`."""
+  cohort: noise_cohort.NoiseCohort
+  accountant: Any                   # tff_dp.accounting.LedgerAccountant
+  delta: float
+
+  def add(self, record: ledger_lib.RoundRecord) -> None:
+    self.accountant.add(self.cohort.production_record(record))
+
+  def epsilons(self, is_last: bool) -> dict[str, Optional[float]]:
+    """{method: projected epsilon}; the final PLD value always."""
+    epsilons = self.accountant.epsilon()
+    if epsilons.get('pld', 0.0) is None and is_last:
+      epsilons['pld'] = self.accountant.epsilon_pld()
+    return epsilons
+
+  def statement(self) -> dict[str, Any]:
+    """What the privacy statement says of the projection (`privacy_statement.statement`)."""
+    return {'noise_cohort_size': self.cohort.cohort_size,
+            'noise_population': self.cohort.population,
+            'trained_clients_per_round': self.cohort.clients_per_round,
+            'noise_scale': self.cohort.scale, 'delta': self.delta,
+            'projected_epsilon': self.epsilons(is_last=True)}
+
+
+@dataclasses.dataclass
 class PrivacyRecorder:
   """The ledger, the accountant, and the sampler whose events they record.
 
@@ -44,6 +72,7 @@ class PrivacyRecorder:
   # The correlated-noise strategy every record carries (dp=blt|bandmf), else None.
   correlated: Optional[ledger_lib.CorrelatedNoise] = None
   last_record: Optional[ledger_lib.RoundRecord] = None   # Of the last executed round.
+  projection: Optional[Projection] = None   # A noise cohort's projected production run.
 
   def resume(self, run_dir, checkpoint_round: int, log) -> None:
     """Reconciles the ledger with what was released (`resume.reconcile_ledger`) and replays
@@ -51,6 +80,8 @@ class PrivacyRecorder:
     self.ledger, records = resume.reconcile_ledger(self.ledger, run_dir, checkpoint_round, log)
     for record in records:
       self.accountant.add(record)
+      if self.projection is not None:
+        self.projection.add(record)
     self.last_record = records[-1] if records else None
 
   def record(self, round_num: int, aggregator_metrics) -> None:
@@ -66,13 +97,20 @@ class PrivacyRecorder:
     with run_dir_lib.writing(f'the ledger record of round {round_num}', self.ledger.path):
       self.ledger.append(self.last_record)
     self.accountant.add(self.last_record)
+    if self.projection is not None:
+      self.projection.add(self.last_record)
 
   def epsilon_columns(self, is_last: bool) -> dict[str, Optional[float]]:
-    """{'epsilon_<method>': epsilon after the recorded rounds}; the final PLD value always."""
+    """{'epsilon_<method>': epsilon after the recorded rounds}; the final PLD value always.
+    With a noise cohort also {'projected_epsilon_<method>': the production run's}."""
     epsilons = self.accountant.epsilon()
     if epsilons.get('pld', 0.0) is None and is_last:
       epsilons['pld'] = self.accountant.epsilon_pld()
-    return {f'epsilon_{method}': eps for method, eps in epsilons.items()}
+    columns = {f'epsilon_{method}': eps for method, eps in epsilons.items()}
+    if self.projection is not None:
+      columns.update({f'projected_epsilon_{method}': eps
+                      for method, eps in self.projection.epsilons(is_last).items()})
+    return columns
 
   def predicted_epsilon(self, round_num: int) -> Optional[float]:
     """Epsilon after `round_num` if its mechanism matches the last executed (or planned) one:

@@ -55,7 +55,8 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
               fixed_size_proven: Optional[float] = None,
               without_amplification: Optional[Mapping[str, Optional[float]]] = None,
               side_information: Optional[str] = None,
-              files: Optional[Iterable[str]] = None) -> dict[str, Any]:
+              files: Optional[Iterable[str]] = None,
+              projection: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
   """The run's privacy statement (written to summary.json and printed at the end).
 
   Args:
@@ -72,6 +73,8 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
     fixed_size_proven: the proven replace-one RDP epsilon of a fixed_size run.
     without_amplification: {method: epsilon} against the holder of a sampling seed.
     side_information: where AdaDPS side information came from, if used.
+    projection: a noise-cohort simulation's projected production run
+      (`privacy_recorder.Projection.statement`), stated beside the run's own guarantee.
     files: the run directory's files (relative paths): the statement lists only outputs among
       them (None: every output a run can write).
   """
@@ -128,6 +131,15 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
   })
   if side_information:
     result['side_information'] = side_information
+  if projection is not None:
+    result['simulation'] = dict(projection, note=(
+        'this run is a simulation: it trained {trained_clients_per_round} clients per round '
+        'with the noise of {noise_cohort_size} (every query\'s noise scaled by '
+        '{noise_scale:.4g}). Its own clients are protected only at the guarantee above. '
+        'projected_epsilon is what a production run of {noise_cohort_size} clients per round '
+        'from {noise_population}, with the same noise per client and the same rounds and '
+        'mechanism, would have at delta {delta:g}: a projection, not a guarantee for anyone '
+        'this run trained on').format(**projection))
   return result
 
 
@@ -225,6 +237,10 @@ def format_statement(s: Mapping[str, Any]) -> str:
            + ('secret (OS randomness)' if sampling['secret'] else
               'NOT secret (sampling seed given)'),
            f'  evaluation: {s["evaluation"]}',
+           *([f'  SIMULATION: noise of {s["simulation"]["noise_cohort_size"]} clients per '
+              f'round; projected epsilon {_fmt(s["simulation"]["projected_epsilon"])} at delta '
+              f'{s["simulation"]["delta"]:g} for {s["simulation"]["noise_population"]} '
+              'clients (not this run\'s guarantee)'] if 'simulation' in s else []),
            '  covers: ' + ', '.join(c.split(':')[0] for c in s['covers']),
            '  secret (keep it): ' + (', '.join(c.split(':')[0] for c in s['secrets'])
                                      or 'nothing')]

@@ -36,6 +36,10 @@ def console_line(row: Mapping[str, Any], total_rounds: int) -> str:
   for name in columns.names_with_role(row, columns.EPSILON):
     if row[name] is not None:
       parts.append(f'eps_{name.split("_", 1)[1]} {row[name]:.4g}')
+  projected = [f'{row[k]:.4g}' for k in columns.names_with_role(row, columns.PROJECTED_EPSILON)
+               if row[k] is not None]
+  if projected:
+    parts.append(f'eps_projected {"/".join(projected)}')
   estimates = [f'{row[k]:.3g}' for k in columns.names_with_role(row, columns.CANARY_EPSILON)]
   if estimates:
     parts.append(f'eps_canary {"/".join(estimates)}')
@@ -101,4 +105,6 @@ def _privacy_statement(config: components.LoopConfig, c: components.LoopComponen
       dp=config.dp, rounds_completed=rounds, epsilons=epsilons, delta=config.delta,
       sampling_event=event, facts=config.release_facts,
       released_columns=rows[0].keys() if rows else (), eval_data=config.eval_description,
-      side_information=config.side_information, **extra)
+      side_information=config.side_information,
+      projection=(c.privacy.projection.statement()
+                  if getattr(c.privacy, 'projection', None) is not None else None), **extra)

@@ -1,0 +1,92 @@
+"""The privacy planner (issue 28.3): its curves against dp_accounting built here, for each
+mechanism, and its command line (a table, a PNG, bad input refused before anything is written)."""
+
+import math
+import os
+import subprocess
+import sys
+
+import dp_accounting
+import pytest
+
+from tff_dp.accounting import planner
+from run_helpers import REPO
+from run_helpers import script_env
+
+N, DELTA, Z, M = 10000, 1e-5, 1.2, 200
+
+
+def _rdp(event, count=1, relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE):
+  acc = dp_accounting.rdp.RdpAccountant(neighboring_relation=relation)
+  acc.compose(event, count)
+  return acc.get_epsilon(DELTA)
+
+
+def test_each_mechanisms_curve_is_its_dp_accounting_epsilon_for_a_run_of_that_length():
+  found = {c.mechanism: c for c in planner.curves(
+      total_rounds=120, population=N, delta=DELTA, noise_multipliers=[Z], cohort_sizes=[M],
+      bands=10)}
+  assert set(found) == set(planner.MECHANISMS)
+  gaussian = dp_accounting.GaussianDpEvent(Z)
+  for t, eps in zip(found['gaussian'].rounds, found['gaussian'].epsilons):
+    assert eps == pytest.approx(_rdp(dp_accounting.PoissonSampledDpEvent(M / N, gaussian), t),
+                                rel=1e-6)
+  # The tree: epochs of N // M = 50 rounds, one tree each, replace-special.
+  tree = found['tree']
+  for t, eps in zip(tree.rounds, tree.epsilons):
+    acc = dp_accounting.rdp.RdpAccountant(
+        neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_SPECIAL)
+    for start in range(0, t, 50):
+      acc.compose(dp_accounting.SingleEpochTreeAggregationDpEvent(Z, min(50, t - start)))
+    assert eps == pytest.approx(acc.get_epsilon(DELTA), rel=1e-6)
+  assert list(found['correlated'].epsilons) == pytest.approx(
+      [_rdp(gaussian)] * len(found['correlated'].rounds), rel=1e-9)
+  # Amplified BandMF over 10 groups: q = 200 x 10 / 10000, ceil(t / 10) cycles.
+  for t, eps in zip(found['amplified_bandmf'].rounds, found['amplified_bandmf'].epsilons):
+    assert eps == pytest.approx(_rdp(dp_accounting.PoissonSampledDpEvent(0.2, gaussian),
+                                     math.ceil(t / 10)), rel=1e-6)
+  assert found['gaussian'].rounds[0] == 1 and found['gaussian'].rounds[-1] == 120
+
+
+def _plan(args, cwd):
+  return subprocess.run([sys.executable, '-m', 'tff_dp.accounting', '--plan'] + args, cwd=cwd,
+                        env=script_env(), capture_output=True, text=True, timeout=300)
+
+
+def test_the_command_prints_the_table_and_draws_the_picture(tmp_path):
+  out = _plan(['--rounds=300', f'--population={N}', f'--delta={DELTA}', '--target_epsilon=3',
+               '--plan_noise_multipliers=0.8,1.5', '--plan_cohorts=100,400',
+               f'--plan_output={tmp_path / "plan.png"}'], REPO)
+  assert out.returncode == 0, out.stderr[-2000:]
+  header, *rows = out.stdout.strip().split('\n')
+  assert header.split(',') == ['mechanism', 'noise_multiplier', 'clients_per_round',
+                               'epsilon_rdp_after_300', 'rounds_within_epsilon_3']
+  assert len(rows) == 3 * 2 * 2   # No --bands: no amplified BandMF.
+  by_key = {tuple(r.split(',')[:3]): r.split(',') for r in rows}
+  gaussian = by_key[('gaussian', '1.5', '100')]
+  expected = _rdp(dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(1.5)),
+                  300)
+  assert float(gaussian[3]) == pytest.approx(expected, rel=1e-5)
+  assert expected < 3 and int(gaussian[4]) == 300   # Within the target all the way.
+  tree = by_key[('tree', '0.8', '400')]   # Per-node z 0.8 without amplification: above 3.
+  assert float(tree[3]) > 3 and int(tree[4]) == 0
+  with open(tmp_path / 'plan.png', 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--rounds=10', f'--population={N}', f'--delta={DELTA}'], '--plan needs'),
+    (['--rounds=10', f'--population={N}', f'--delta={DELTA}', '--plan_noise_multipliers=1',
+      '--plan_cohorts=20000'], 'cohort size 20000'),
+    (['--rounds=10', f'--population={N}', '--delta=0.5', '--plan_noise_multipliers=1',
+      '--clients_per_round=10'], 'delta'),
+    (['--rounds=10', f'--population={N}', f'--delta={DELTA}', '--plan_noise_multipliers=x',
+      '--clients_per_round=10'], 'comma-separated list of numbers'),
+    (['--rounds=10', f'--population={N}', f'--delta={DELTA}', '--plan_noise_multipliers=1',
+      '--clients_per_round=10', '--plan_mechanisms=amplified_bandmf'], 'needs --bands'),
+])
+def test_bad_plans_are_refused_before_anything_is_written(args, message, tmp_path):
+  out = _plan(args + ['--plan_output=plan.png'], tmp_path)
+  assert out.returncode == 2 and message in out.stderr, out.stderr[-2000:]
+  assert out.stderr.strip().startswith('error:')
+  assert os.listdir(tmp_path) == []

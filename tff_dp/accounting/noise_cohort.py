@@ -1,0 +1,79 @@
+"""Noise-cohort simulation (as pfl-research's `noise_cohort_size`): a run trains
+`clients_per_round` = m clients per round but adds the noise of a cohort of M, so that its
+average has the noise-to-signal ratio of a production round of M clients; and the epsilon such
+a production run would have, a projection.
+
+The run scales every Gaussian query's noise by m / M (`NoiseCohort.scale`): the sum of m
+clipped updates gets stddev z x clip x m / M, the average stddev z x clip / M, as an M-client
+round's. The ledger records what the run executed (its own, much larger, epsilon: the only
+guarantee its clients get). The projection replays each record as the production round it
+stands for (`production_record`): the same clips, the noise before scaling (stddev / scale),
+and the production sampling of M clients from `population` with the same sampler kind; for
+tree noise the tree restarts every production epoch, and for correlated noise the strategy's
+coefficients are accounted under the production schedule (every population // M rounds).
+"""
+
+import dataclasses
+import math
+
+from tff_dp import errors
+from tff_dp import ledger
+
+
+@dataclasses.dataclass(frozen=True)
+class NoiseCohort:
+  """A run of `clients_per_round` clients per round with the noise of `cohort_size`, projected
+  onto a production population of `population` clients."""
+  cohort_size: int
+  population: int
+  clients_per_round: int
+
+  def __post_init__(self):
+    if not self.clients_per_round <= self.cohort_size <= self.population:
+      raise errors.UserInputError(
+          f'`noise_cohort_size={self.cohort_size}` must be at least `clients_per_round` '
+          f'({self.clients_per_round}) and at most `noise_population` ({self.population})')
+
+  @property
+  def scale(self) -> float:
+    """m / M: what the run multiplies every query's noise by."""
+    return self.clients_per_round / self.cohort_size
+
+  @property
+  def rounds_per_epoch(self) -> int:
+    """Production rounds between two participations of a client under the permutation
+    samplers: population // M."""
+    return self.population // self.cohort_size
+
+  def production_sampling(self, event: ledger.SamplingEvent,
+                          round_num: int) -> ledger.SamplingEvent:
+    """The production sampling event of round `round_num`, the kind of the run's `event`."""
+    n, m = self.population, self.cohort_size
+    if event.kind == 'poisson':
+      return ledger.SamplingEvent('poisson', n, probability=m / n)
+    if event.kind == 'fixed_size':
+      return ledger.SamplingEvent('fixed_size', n, sample_size=m)
+    if event.kind == 'cyclic_poisson':
+      q = m * event.groups / n
+      if q > 1:
+        raise errors.UserInputError(
+            f'`noise_cohort_size={m}` from {event.groups} groups of `noise_population={n}` '
+            f'needs q = {q:.3g} > 1; use a larger population or fewer `bands`')
+      return ledger.SamplingEvent('cyclic_poisson', n, probability=q, epoch=event.epoch,
+                                  groups=event.groups)
+    return ledger.SamplingEvent(event.kind, n, sample_size=m,
+                                epoch=(round_num - 1) // self.rounds_per_epoch + 1)
+
+  def production_record(self, record: ledger.RoundRecord) -> ledger.RoundRecord:
+    """The production round `record` stands for (module docstring)."""
+    r = record.round_num
+    queries = tuple(ledger.GaussianSumQuery(q.name, q.l2_norm_clip, q.noise_stddev / self.scale)
+                    for q in record.queries)
+    leaf = None if record.tree_leaf is None else (r - 1) % self.rounds_per_epoch + 1
+    noise = record.correlated
+    if noise is not None and record.sampling.kind == 'min_separation':
+      separation = self.rounds_per_epoch
+      noise = dataclasses.replace(noise, min_separation=separation,
+                                  max_participations=math.ceil(noise.rounds / separation))
+    return ledger.RoundRecord(r, self.production_sampling(record.sampling, r), queries, leaf,
+                              noise)

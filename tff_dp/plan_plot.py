@@ -1,0 +1,43 @@
+"""The privacy planner's picture (`python -m tff_dp.accounting --plan`): one panel per
+mechanism, epsilon against rounds for each setting of the grid, the target epsilon marked.
+
+Drawn on a `matplotlib.figure.Figure` (no pyplot): importing or calling this module selects no
+backend and leaves no global figure state.
+"""
+
+from typing import Optional, Sequence
+
+from matplotlib import ticker
+from matplotlib.figure import Figure
+
+from tff_dp import plot_axes
+
+
+def draw(curves: Sequence, path: str, *, delta: float, population: int,
+         target_epsilon: Optional[float] = None, descriptions: Optional[dict] = None) -> None:
+  """Writes the PNG at `path`: a panel per mechanism of `curves` (`planner.Curve`s)."""
+  mechanisms = list(dict.fromkeys(c.mechanism for c in curves))
+  columns = 2 if len(mechanisms) > 1 else 1
+  rows = -(-len(mechanisms) // columns)
+  fig = Figure(figsize=(6.4 * columns, 4.2 * rows), layout='constrained')
+  axes = fig.subplots(rows, columns, squeeze=False).ravel()
+  for ax, mechanism in zip(axes, mechanisms):
+    mine = [c for c in curves if c.mechanism == mechanism]
+    for c in mine:
+      ax.plot(c.rounds, c.epsilons, marker='.', markersize=3,
+              label=f'z = {c.noise_multiplier:g}, {c.clients_per_round} clients/round')
+    if target_epsilon is not None:
+      ax.axhline(target_epsilon, color='black', linestyle='--', linewidth=1,
+                 label=f'target epsilon {target_epsilon:g}')
+    ax.set_xscale('log')
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f'{v:g}'))
+    ax.set_xlabel('rounds (a run of that many rounds)')
+    ax.set_ylabel(plot_axes.epsilon_axis_label(delta, ['RDP']))
+    plot_axes.readable_log_axis(ax, [e for c in mine for e in c.epsilons])
+    title = (descriptions or {}).get(mechanism, mechanism)
+    ax.set_title(f'{title}\npopulation {population:,}', fontsize=9)
+    ax.grid(True, which='both', alpha=0.3)
+    ax.legend(fontsize=7)
+  for ax in axes[len(mechanisms):]:
+    ax.set_visible(False)
+  fig.savefig(path, dpi=110)
