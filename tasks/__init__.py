@@ -12,12 +12,14 @@ from typing import Optional
 
 from tasks.registry import DEFAULT_EMBEDDED_DATA_DIR
 from tasks.registry import TASK_NAMES
+from tasks.registry import TASK_SETTINGS
 from tasks.registry import TASKS
+from tasks.registry import TaskSetting
 from tasks.registry import TaskSpec
 from tff_dp.errors import UserInputError
 
-__all__ = ['TASKS', 'TASK_NAMES', 'TaskSpec', 'DEFAULT_EMBEDDED_DATA_DIR', 'FederatedTask',
-           'build_task', 'load']
+__all__ = ['TASKS', 'TASK_NAMES', 'TASK_SETTINGS', 'TaskSetting', 'TaskSpec',
+           'DEFAULT_EMBEDDED_DATA_DIR', 'FederatedTask', 'build_task', 'load']
 
 
 def __getattr__(name):

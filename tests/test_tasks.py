@@ -435,3 +435,19 @@ def test_train_dataset_for_client_is_the_eager_pipeline(cache, name, options):
       tf.nest.map_structure(np.testing.assert_array_equal, g, w)
   with pytest.raises(ValueError, match='not a client'):
     task.train_dataset_for_client('no such client')
+
+
+def test_the_tasks_settings_are_declared_by_the_tasks_not_by_the_library():
+  """Issue 26.4: a task's options live with the task. `tasks.TASK_SETTINGS` declares each
+  setting once; the library's config gets a field per declaration and names none itself."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from tff_dp.training import config as config_lib  # pylint: disable=g-import-not-at-top
+  with open(config_lib.__file__) as f:
+    library = f.read()
+  fields = {f.name: f for f in dataclasses.fields(config_lib.TaskConfig)}
+  declared = {s.name for s in tasks.TASK_SETTINGS}
+  for s in tasks.TASK_SETTINGS:
+    assert s.name not in library, s.name
+    assert fields[s.name].default == s.default and fields[s.name].metadata['help'] == s.help
+  used = {field for spec in tasks.TASKS.values() for field in spec.options.values()}
+  assert used == declared   # Every option comes from a declaration, every declaration is used.

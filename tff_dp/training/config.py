@@ -135,8 +135,8 @@ class Section:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class TaskConfig(Section):
-  """Task and data: which task, where its data is, how each client's data is batched."""
+class _TaskConfigBase(Section):
+  """The settings every task has (`TaskConfig` adds those the tasks declare)."""
   name: str = setting('emnist', 'Task to train.', flag='task',
                       one_of={name: spec.help for name, spec in tasks.TASKS.items()})
   data_dir: Optional[str] = setting(
@@ -147,20 +147,6 @@ class TaskConfig(Section):
   embedded_data_dir: str = setting(
       tasks.DEFAULT_EMBEDDED_DATA_DIR,
       'Where the embedded default dataset is generated when `data_dir` is unset.', path=True)
-  emnist_only_digits: bool = setting(
-      False, 'EMNIST: 10 digit classes instead of all 62 characters.')
-  so_vocab_size: int = setting(
-      10000, 'StackOverflow: word vocabulary size (most frequent words).', check=_at_least(1))
-  so_tag_vocab_size: int = setting(
-      500, 'StackOverflow tag prediction: number of tags predicted.', check=_at_least(1))
-  so_sequence_length: int = setting(
-      20, 'StackOverflow next-word prediction: tokens per sequence.', check=_at_least(1))
-  so_embedding_size: int = setting(
-      96, 'StackOverflow next-word prediction: word embedding size (and of the dense layer '
-      'before the output), 96 in the literature\'s model.', check=_at_least(1))
-  so_lstm_size: int = setting(
-      670, 'StackOverflow next-word prediction: LSTM units, 670 in the literature\'s model.',
-      check=_at_least(1))
   client_batch_size: int = setting(20, 'Local batch size.', check=_at_least(1))
   client_epochs_per_round: int = setting(
       1, 'Local epochs each client runs per round.', check=_at_least(1))
@@ -177,6 +163,21 @@ class TaskConfig(Section):
     settings its registry entry names (`tasks.TASKS[name].options`)."""
     return {option: getattr(self, field)
             for option, field in tasks.TASKS[self.name].options.items()}
+
+
+def _task_setting_field(declared: tasks.TaskSetting) -> tuple:
+  check = _at_least(declared.minimum) if declared.minimum is not None else None
+  return (declared.name, declared.type, setting(declared.default, declared.help, check=check))
+
+
+# The tasks' own settings live with the tasks (`tasks.TASK_SETTINGS`); the task section gets
+# one field per declaration, so the flags, config.json and resume checks see them as any other.
+TaskConfig = dataclasses.make_dataclass(
+    'TaskConfig', [_task_setting_field(d) for d in tasks.TASK_SETTINGS],
+    bases=(_TaskConfigBase,), frozen=True, kw_only=True, namespace={
+        '__module__': __name__,
+        '__doc__': 'Task and data: which task, where its data is, how each client\'s data is '
+                   'batched, and the settings the tasks declare.'})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
