@@ -80,9 +80,8 @@ def arms(setting: str, rounds: int, cycle: int, epsilon: float, delta: float, cl
     factory = aggregators.build_dp_aggregator(
         kind, noise_multiplier=z_corr, clients_per_round=1.0, clip=clip, rounds=rounds,
         min_separation=separation, max_participations=participations, **extra)
-    found = correlated.strategy(kind, rounds, separation, participations, **extra)
-    out.append((kind, factory, correlated.noise_std_in_model(found, rounds, z_corr, clip),
-                z_corr))
+    out.append((kind, factory,
+                correlated.noise_std_in_model(factory.coefs, rounds, factory.stddev), z_corr))
   return out
 
 

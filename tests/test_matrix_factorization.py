@@ -159,7 +159,7 @@ def test_the_noise_in_the_final_prefix_sum_matches_its_theory():
   stream = blt.NoiseStream(blt.BLT(found.params['buf_decay'], found.params['output_scale']),
                            (50000,), np.random.default_rng(0))
   total = sum(stream.next() for _ in range(n)) * scale   # Zero updates: the sum is noise.
-  assert np.std(total) == pytest.approx(correlated.noise_std_in_model(found, n, z, clip),
+  assert np.std(total) == pytest.approx(correlated.noise_std_in_model(found.coefs, n, scale),
                                         rel=0.02)
 
 

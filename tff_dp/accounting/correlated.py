@@ -187,13 +187,12 @@ def calibrate(target_epsilon: float, delta: float, method: str = 'rdp', tol: flo
   return float(z)
 
 
-def noise_std_in_model(found: Strategy, rounds: int, noise_multiplier: float,
-                       clip: float) -> float:
-  """The std of the noise in the final prefix sum (one coordinate): z x clip x sens_n x
-  ||last row of A C^-1||, the figure a run whose clients send zero updates measures."""
-  max_error, _ = toeplitz.prefix_sum_errors(found.coefs, rounds)
-  return float(noise_multiplier * clip * math.sqrt(found.sensitivity_squared)
-               * math.sqrt(max_error))
+def noise_std_in_model(coefs, rounds: int, stddev: float) -> float:
+  """The std of the noise in the final prefix sum (one coordinate) of the strategy with
+  Toeplitz `coefs` whose fresh draws have `stddev` (z x clip x sens_n): stddev x ||last row
+  of A C^-1||, the figure a run whose clients send zero updates measures."""
+  max_error, _ = toeplitz.prefix_sum_errors(coefs, rounds)
+  return float(stddev * math.sqrt(max_error))
 
 
 def describe(found: Strategy) -> list[str]:

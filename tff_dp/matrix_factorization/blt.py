@@ -9,8 +9,10 @@ x_t 1. Its inverse is the system x_t = y_t - omega . s_t, s_{t+1} = (Theta - 1 o
 y_t 1, a BLT whose buf_decay are the eigenvalues of M = Theta - 1 omega^T and whose
 output_scale are -(omega^T V)_i (V^-1 1)_i (M = V diag(lambda) V^-1): `BLT.inverse`.
 
-The noise of round t is (C^-1 z)_t, computed by `NoiseStream` with the inverse's buffers: one
-model-sized buffer per pair, updated once per round.
+The noise of round t is (C^-1 z)_t, computed by `NoiseStream` with the forward system solved
+for x (the recurrence the TF aggregator runs, `CorrelatedSumQuery`): x_t = z_t - omega . s_t,
+s_{t+1} = Theta s_t + x_t 1, all real, one model-sized buffer per pair updated once per round.
+The closed-form inverse (whose parameters may be complex) is the analysis's, not the stream's.
 """
 
 import dataclasses
@@ -74,10 +76,10 @@ class NoiseStream:
   model copies). `state` / `from_state` carry the buffers across a checkpoint."""
 
   def __init__(self, strategy: BLT, shape, rng: np.random.Generator):
-    self._inverse = strategy.inverse()
+    self._theta = np.asarray(strategy.buf_decay, dtype=np.float64)
+    self._omega = np.asarray(strategy.output_scale, dtype=np.float64)
     self._rng = rng
-    self.buffers = np.zeros((strategy.num_buffers,) + tuple(shape),
-                            dtype=np.asarray(self._inverse.buf_decay).dtype)
+    self.buffers = np.zeros((strategy.num_buffers,) + tuple(shape))
 
   def next(self) -> np.ndarray:
     z = self._rng.standard_normal(self.buffers.shape[1:])
@@ -85,11 +87,9 @@ class NoiseStream:
 
   def apply(self, z: np.ndarray) -> np.ndarray:
     """The next round's noise for the fresh draw z (and the buffers advanced)."""
-    theta = np.asarray(self._inverse.buf_decay)
-    omega = np.asarray(self._inverse.output_scale)
-    out = z + np.tensordot(omega, self.buffers, axes=1)
-    self.buffers = theta.reshape((-1,) + (1,) * z.ndim) * self.buffers + z[None]
-    return np.real(out)
+    out = z - np.tensordot(self._omega, self.buffers, axes=1)
+    self.buffers = self._theta.reshape((-1,) + (1,) * z.ndim) * self.buffers + out[None]
+    return out
 
 
 def _blt_from_params(params: np.ndarray) -> BLT:
