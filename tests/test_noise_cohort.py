@@ -93,6 +93,8 @@ def test_a_cohort_run_records_what_it_executed_and_projects_the_production_epsil
   assert privacy['epsilon']['rdp'] == col('epsilon_rdp')[-1] > 100 * col(
       'projected_epsilon_rdp')[-1]
   assert 'SIMULATION' in out and 'eps_projected' in out
+  assert (run / 'plots' / 'projected_epsilon_vs_round.png').exists()
+  assert 'plots/projected_epsilon_vs_round.png' in ' '.join(privacy['covers'])
   # A noise cohort is a mechanism setting: a resume cannot change it.
   code, _, err = main_in_process('run_experiment.py', [
       f'--root_output_dir={root}', '--experiment_name=c1', '--resume', '--total_rounds=4',

@@ -87,6 +87,8 @@ OUTPUTS = (
     Output('tensorboard/*', 'TensorBoard events: the metrics columns with wall-clock times',
            DIAGNOSTIC),
     Output('plots/epsilon_vs_round.png', 'epsilon after each round', COVERED),
+    Output('plots/projected_epsilon_vs_round.png', 'a noise cohort\'s projected production '
+           'epsilon after each round (a projection, not this run\'s guarantee)', COVERED),
     Output('plots/epsilon_estimated_vs_proven.png', 'canary estimates beside the bound',
            COVERED),
     Output('plots/clip_vs_round.png', 'the clip norm each round used', COVERED),

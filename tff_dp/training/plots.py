@@ -53,11 +53,13 @@ def _epsilon_figure(rounds, curves, ylabel: str, title: str):
 
 
 def write_run_plots(metrics_csv: str, out_dir: str, *, delta: Optional[float] = None,
-                    clip_group_labels: Optional[Mapping[str, str]] = None) -> list[str]:
+                    clip_group_labels: Optional[Mapping[str, str]] = None,
+                    projection_delta: Optional[float] = None) -> list[str]:
   """Writes the standard plots for a run's metrics CSV; returns the paths written.
 
   `delta`: the delta of the epsilon columns (named on the axis). `clip_group_labels`:
-  'group_g' -> the names of its weights, for per-group clip curves.
+  'group_g' -> the names of its weights, for per-group clip curves. `projection_delta`: the
+  delta of a noise cohort's projected_epsilon columns.
   """
   if not os.path.exists(metrics_csv):
     return []
@@ -85,6 +87,16 @@ def write_run_plots(metrics_csv: str, out_dir: str, *, delta: Optional[float] = 
                          plot_axes.epsilon_axis_label(delta, [accountant(k) for k in eps_cols]),
                          'Privacy spent (accounted from the ledger)'),
          'epsilon_vs_round.png')
+
+  projected_cols = with_numbers(columns_lib.PROJECTED_EPSILON)
+  if projected_cols:
+    save(_epsilon_figure(rounds, [(cols[k], f'{accountant(k)} accountant', '-')
+                                  for k in projected_cols],
+                         plot_axes.epsilon_axis_label(projection_delta,
+                                                      [accountant(k) for k in projected_cols]),
+                         'Projected epsilon of the production run (noise cohort):\n'
+                         'not a guarantee for this run\'s clients'),
+         'projected_epsilon_vs_round.png')
 
   estimate_cols = with_numbers(columns_lib.CANARY_EPSILON)
   if estimate_cols:

@@ -65,8 +65,10 @@ def write_final_report(config: components.LoopConfig, c: components.LoopComponen
           checkpoint_aggregation.model_weights(c.process, summary.final_state))
     for hook in c.hooks:
       hook.finish(final)
+    projection = getattr(c.privacy, 'projection', None)
     plots.write_run_plots(c.run_dir.file('metrics.csv'), c.run_dir.file('plots'),
-                          delta=config.delta, clip_group_labels=c.clip_group_labels)
+                          delta=config.delta, clip_group_labels=c.clip_group_labels,
+                          projection_delta=projection.delta if projection else None)
     privacy = dict(_privacy_statement(config, c, summary.rounds_completed), **final.statement)
     summary = dataclasses.replace(summary, privacy=privacy, uncertainty=final.uncertainty)
     c.run_dir.write_json('summary.json', {
