@@ -84,24 +84,9 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
             'guarantee': 'none: the run trained without differential privacy',
             'rounds': rounds_completed}
   seeded = sampling_event.seeded and sampling_event.kind not in choices.PERMUTATION_SAMPLERS
-  headline, relation, labelled = dict(epsilons), neighboring_relation, []
-  result: dict[str, Any] = {}
-  if fixed_size_proven is not None:
-    result['epsilon_poisson_approximation'] = dict(epsilons)
-    headline, relation = {'rdp': fixed_size_proven}, 'replace_one'
-    labelled.append(f'Poisson approximation under add/remove, not a proven bound: '
-                    f'{_fmt(epsilons)}')
-  if seeded and without_amplification is not None:
-    result['epsilon_if_seed_secret'] = dict(headline)
-    labelled.insert(0, f'{_fmt(headline)} if the sampling seed stays secret (amplified by '
-                       'sampling)')
-    headline = dict(without_amplification)
-  against = (' against anyone who holds the sampling seed (no amplification by sampling)'
-             if seeded and without_amplification is not None else '')
-  guarantee = (f'user-level (epsilon, delta)-DP with epsilon = {_fmt(headline)} at delta = '
-               f'{delta:g}{against}: {_RELATION_TEXT[relation]}')
-  if labelled:
-    guarantee += '; ' + '; '.join(labelled)
+  result, headline, relation, guarantee = _headline(
+      epsilons, delta, neighboring_relation, fixed_size_proven,
+      without_amplification if seeded else None)
   result.update({
       'differential_privacy': True,
       'guarantee': guarantee,
@@ -132,15 +117,45 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
   if side_information:
     result['side_information'] = side_information
   if projection is not None:
-    result['simulation'] = dict(projection, note=(
-        'this run is a simulation: it trained {trained_clients_per_round} clients per round '
-        'with the noise of {noise_cohort_size} (every query\'s noise scaled by '
-        '{noise_scale:.4g}). Its own clients are protected only at the guarantee above. '
-        'projected_epsilon is what a production run of {noise_cohort_size} clients per round '
-        'from {noise_population}, with the same noise per client and the same rounds and '
-        'mechanism, would have at delta {delta:g}: a projection, not a guarantee for anyone '
-        'this run trained on').format(**projection))
+    result['simulation'] = _simulation(projection)
   return result
+
+
+def _headline(epsilons, delta, relation: str, fixed_size_proven: Optional[float],
+              without_amplification: Optional[Mapping[str, Optional[float]]]) -> tuple:
+  """(the statement's labelled alternatives, the headline epsilons, their relation, the
+  guarantee line): the epsilon that matches a proof leads (the proven fixed-size bound;
+  without amplification against a seed holder) and the others follow, labelled."""
+  headline, labelled, result = dict(epsilons), [], {}
+  if fixed_size_proven is not None:
+    result['epsilon_poisson_approximation'] = dict(epsilons)
+    headline, relation = {'rdp': fixed_size_proven}, 'replace_one'
+    labelled.append(f'Poisson approximation under add/remove, not a proven bound: '
+                    f'{_fmt(epsilons)}')
+  against = ''
+  if without_amplification is not None:
+    result['epsilon_if_seed_secret'] = dict(headline)
+    labelled.insert(0, f'{_fmt(headline)} if the sampling seed stays secret (amplified by '
+                       'sampling)')
+    headline = dict(without_amplification)
+    against = ' against anyone who holds the sampling seed (no amplification by sampling)'
+  guarantee = (f'user-level (epsilon, delta)-DP with epsilon = {_fmt(headline)} at delta = '
+               f'{delta:g}{against}: {_RELATION_TEXT[relation]}')
+  if labelled:
+    guarantee += '; ' + '; '.join(labelled)
+  return result, headline, relation, guarantee
+
+
+def _simulation(projection: Mapping[str, Any]) -> dict[str, Any]:
+  """The noise-cohort part of the statement: the projection, and what it is not."""
+  return dict(projection, note=(
+      'this run is a simulation: it trained {trained_clients_per_round} clients per round '
+      'with the noise of {noise_cohort_size} (every query\'s noise scaled by '
+      '{noise_scale:.4g}). Its own clients are protected only at the guarantee above. '
+      'projected_epsilon is what a production run of {noise_cohort_size} clients per round '
+      'from {noise_population}, with the same noise per client and the same rounds and '
+      'mechanism, would have at delta {delta:g}: a projection, not a guarantee for anyone '
+      'this run trained on').format(**projection))
 
 
 def _sampling(event) -> dict[str, Any]:
