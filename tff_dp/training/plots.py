@@ -64,72 +64,86 @@ def write_run_plots(metrics_csv: str, out_dir: str, *, delta: Optional[float] = 
   if not os.path.exists(metrics_csv):
     return []
   cols = _read_columns(metrics_csv)
-  rounds = cols.get('round', [])
-  written = []
+  figures = (_epsilon_figures(cols, delta, projection_delta)
+             + _clip_figures(cols, clip_group_labels or {}) + _accuracy_figures(cols, delta))
   os.makedirs(out_dir, exist_ok=True)
-
-  def save(fig, name):
+  written = []
+  for fig, name in figures:
     path = os.path.join(out_dir, name)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     written.append(path)
+  return written
 
-  # A column with no number at all (PLD of a tree-aggregation run: n/a) is not plotted.
-  def with_numbers(role):
-    return [k for k in columns_lib.names_with_role(cols, role)
-            if not all(math.isnan(v) for v in cols[k])]
-  eps_cols = with_numbers(columns_lib.EPSILON)
-  accountant = plot_axes.accountant_name
+
+def _with_numbers(cols, role) -> list[str]:
+  """The columns of `role` with at least one number (PLD of a tree run is n/a throughout)."""
+  return [k for k in columns_lib.names_with_role(cols, role)
+          if not all(math.isnan(v) for v in cols[k])]
+
+
+def _epsilon_figures(cols, delta, projection_delta) -> list:
+  """[(figure, file name)]: the run's epsilon, a noise cohort's projection, and canary
+  estimates beside the proven bound."""
+  rounds, accountant, figures = cols.get('round', []), plot_axes.accountant_name, []
+  eps_cols = _with_numbers(cols, columns_lib.EPSILON)
   if eps_cols:
-    save(_epsilon_figure(rounds, [(cols[k], f'{accountant(k)} accountant', '-')
-                                  for k in eps_cols],
-                         plot_axes.epsilon_axis_label(delta, [accountant(k) for k in eps_cols]),
-                         'Privacy spent (accounted from the ledger)'),
-         'epsilon_vs_round.png')
-
-  projected_cols = with_numbers(columns_lib.PROJECTED_EPSILON)
+    figures.append((_epsilon_figure(
+        rounds, [(cols[k], f'{accountant(k)} accountant', '-') for k in eps_cols],
+        plot_axes.epsilon_axis_label(delta, [accountant(k) for k in eps_cols]),
+        'Privacy spent (accounted from the ledger)'), 'epsilon_vs_round.png'))
+  projected_cols = _with_numbers(cols, columns_lib.PROJECTED_EPSILON)
   if projected_cols:
-    save(_epsilon_figure(rounds, [(cols[k], f'{accountant(k)} accountant', '-')
-                                  for k in projected_cols],
-                         plot_axes.epsilon_axis_label(projection_delta,
-                                                      [accountant(k) for k in projected_cols]),
-                         'Projected epsilon of the production run (noise cohort):\n'
-                         'not a guarantee for this run\'s clients'),
-         'projected_epsilon_vs_round.png')
-
-  estimate_cols = with_numbers(columns_lib.CANARY_EPSILON)
+    figures.append((_epsilon_figure(
+        rounds, [(cols[k], f'{accountant(k)} accountant', '-') for k in projected_cols],
+        plot_axes.epsilon_axis_label(projection_delta,
+                                     [accountant(k) for k in projected_cols]),
+        'Projected epsilon of the production run (noise cohort):\n'
+        'not a guarantee for this run\'s clients'), 'projected_epsilon_vs_round.png'))
+  estimate_cols = _with_numbers(cols, columns_lib.CANARY_EPSILON)
   if estimate_cols:
     curves = ([(cols[k], f'proven bound ({accountant(k)} accountant)', '-') for k in eps_cols]
               + [(cols[k], columns_lib.column(k).meaning, '--') for k in estimate_cols])
     at = f' at delta = {delta:.3g}' if delta is not None else ''
-    save(_epsilon_figure(rounds, curves, f'epsilon{at}', 'Estimated (canaries) vs proven epsilon'),
-         'epsilon_estimated_vs_proven.png')
+    figures.append((_epsilon_figure(rounds, curves, f'epsilon{at}',
+                                    'Estimated (canaries) vs proven epsilon'),
+                    'epsilon_estimated_vs_proven.png'))
+  return figures
 
+
+def _clip_figures(cols, clip_group_labels: Mapping[str, str]) -> list:
+  """[(the clip norm(s) against rounds, its file name)], or [] without clip columns."""
   clip_cols = sorted(columns_lib.names_with_role(cols, columns_lib.CLIP))
-  if clip_cols:
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for k in clip_cols[:20]:
-      ax.plot(*_finite_pairs(rounds, cols[k]), marker='o', markersize=2,
-              label=_clip_label(k, clip_group_labels or {}))
-    ax.set(xlabel='round', ylabel='clip norm (L2)', title='Clip norm used in each round')
-    plot_axes.round_axis(ax, rounds)
-    plot_axes.readable_log_axis(ax, [v for k in clip_cols for v in cols[k]])
-    ax.legend(fontsize='x-small' if len(clip_cols) > 4 else 'small')
-    save(fig, 'clip_vs_round.png')
+  if not clip_cols:
+    return []
+  rounds = cols.get('round', [])
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for k in clip_cols[:20]:
+    ax.plot(*_finite_pairs(rounds, cols[k]), marker='o', markersize=2,
+            label=_clip_label(k, clip_group_labels))
+  ax.set(xlabel='round', ylabel='clip norm (L2)', title='Clip norm used in each round')
+  plot_axes.round_axis(ax, rounds)
+  plot_axes.readable_log_axis(ax, [v for k in clip_cols for v in cols[k]])
+  ax.legend(fontsize='x-small' if len(clip_cols) > 4 else 'small')
+  return [(fig, 'clip_vs_round.png')]
 
+
+def _accuracy_figures(cols, delta) -> list:
+  """[(evaluation accuracy against epsilon, or against rounds without DP, its file name)]."""
   acc_cols = sorted(k for k in columns_lib.names_with_role(cols, columns_lib.EVAL)
                     if k.endswith('accuracy'))
-  if acc_cols:
-    xname = eps_cols[0] if eps_cols else 'round'
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for k in acc_cols:
-      label = k.replace('eval_', '').replace('_accuracy', '').replace('accuracy', 'last iterate')
-      ax.plot(*_finite_pairs(cols[xname], cols[k]), marker='.', label=label)
-    ax.set(xlabel=(plot_axes.epsilon_axis_label(delta, [accountant(xname)]) if eps_cols
-                   else 'round'),
-           ylabel='eval accuracy',
-           title='Accuracy vs privacy' if eps_cols else 'Accuracy vs round')
-    ax.legend(fontsize='small')
-    save(fig, 'accuracy_vs_epsilon.png' if eps_cols else 'accuracy_vs_round.png')
-  return written
+  if not acc_cols:
+    return []
+  eps_cols = _with_numbers(cols, columns_lib.EPSILON)
+  xname = eps_cols[0] if eps_cols else 'round'
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for k in acc_cols:
+    label = k.replace('eval_', '').replace('_accuracy', '').replace('accuracy', 'last iterate')
+    ax.plot(*_finite_pairs(cols[xname], cols[k]), marker='.', label=label)
+  ax.set(xlabel=(plot_axes.epsilon_axis_label(delta, [plot_axes.accountant_name(xname)])
+                 if eps_cols else 'round'),
+         ylabel='eval accuracy',
+         title='Accuracy vs privacy' if eps_cols else 'Accuracy vs round')
+  ax.legend(fontsize='small')
+  return [(fig, 'accuracy_vs_epsilon.png' if eps_cols else 'accuracy_vs_round.png')]
