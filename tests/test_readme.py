@@ -1,6 +1,6 @@
 """The Python blocks of the README and of docs/ run exactly as printed (issue 25): every name
 they use is defined in the block itself; the README's trains on the embedded data in a temporary
-directory, docs/PYTHON_API.md's pipeline accounts eight DP-FTRL rounds."""
+directory, docs/PYTHON_API.md's pipelines account eight DP-FTRL rounds and six BLT rounds."""
 
 import os
 import re
@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import dp_accounting
 import pytest
 
 from run_helpers import captured_stdout
@@ -45,6 +46,12 @@ def test_python_block_runs_as_printed(index, tmp_path, monkeypatch):
   if 'tff_dp.run(' in block:
     assert 'RunSummary(rounds_completed=3' in printed and 'user-level' in printed
     assert os.path.exists(tmp_path / 'runs' / 'so1' / 'summary.json')
+  elif "'blt'" in block:
+    # Six rounds of the BLT planned for six: one Gaussian mechanism with multiplier z = 1.
+    found = re.search(r'epsilon (\d+\.\d+) \(RDP\) at delta 1e-3 after 6 rounds', printed)
+    acc = dp_accounting.rdp.RdpAccountant()
+    acc.compose(dp_accounting.GaussianDpEvent(1.0))
+    assert found and float(found.group(1)) == pytest.approx(acc.get_epsilon(1e-3), abs=1e-3)
   elif 'build_unweighted_fed_avg' in block:
     assert re.search(r'epsilon \d+\.\d+ at delta 1e-3 after 8 rounds', printed), printed
   else:
