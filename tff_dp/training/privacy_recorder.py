@@ -138,6 +138,7 @@ class _NoDP:
   """The recorder of a run without DP: no ledger, no epsilon, nothing to predict."""
   ledger = None
   accountant = None
+  projection = None
 
   def resume(self, run_dir, checkpoint_round: int, log) -> None:
     del run_dir, checkpoint_round, log

@@ -65,7 +65,7 @@ def write_final_report(config: components.LoopConfig, c: components.LoopComponen
           checkpoint_aggregation.model_weights(c.process, summary.final_state))
     for hook in c.hooks:
       hook.finish(final)
-    projection = getattr(c.privacy, 'projection', None)
+    projection = c.privacy.projection
     plots.write_run_plots(c.run_dir.file('metrics.csv'), c.run_dir.file('plots'),
                           delta=config.delta, clip_group_labels=c.clip_group_labels,
                           projection_delta=projection.delta if projection else None)
@@ -109,4 +109,4 @@ def _privacy_statement(config: components.LoopConfig, c: components.LoopComponen
       released_columns=rows[0].keys() if rows else (), eval_data=config.eval_description,
       side_information=config.side_information,
       projection=(c.privacy.projection.statement()
-                  if getattr(c.privacy, 'projection', None) is not None else None), **extra)
+                  if c.privacy.projection is not None else None), **extra)
