@@ -131,6 +131,10 @@ def test_tree_noise_is_projected_as_one_tree_per_production_epoch():
       '--noise_multiplier=0'], 'needs DP'),
     (['--noise_cohort_size=100', '--noise_population=1000', '--delta=1e-2'],
      'delta'),
+    # The production run's cyclic Poisson rate, 100 x 2 groups / 150 > 1.
+    (['--noise_cohort_size=100', '--noise_population=150', '--dp=bandmf',
+      '--client_sampling=cyclic_poisson', '--bands=2'],
+     '--noise_cohort_size=100 from 2 groups of --noise_population=150'),
 ])
 def test_what_a_noise_cohort_cannot_do_is_refused_before_anything_is_written(
     extra, message, tag_data_dir, tmp_path):

@@ -15,24 +15,37 @@ coefficients are accounted under the production schedule (every population // M 
 
 import dataclasses
 import math
+from typing import Optional
 
 from tff_dp import errors
 from tff_dp import ledger
+from tff_dp import sampling
 
 
 @dataclasses.dataclass(frozen=True)
 class NoiseCohort:
   """A run of `clients_per_round` clients per round with the noise of `cohort_size`, projected
-  onto a production population of `population` clients."""
+  onto a production population of `population` clients; `groups`: cyclic Poisson's (the
+  bands), when the run samples that way."""
   cohort_size: int
   population: int
   clients_per_round: int
+  groups: Optional[int] = None
 
   def __post_init__(self):
     if not self.clients_per_round <= self.cohort_size <= self.population:
       raise errors.UserInputError(
           f'`noise_cohort_size={self.cohort_size}` must be at least `clients_per_round` '
           f'({self.clients_per_round}) and at most `noise_population` ({self.population})')
+    if self.groups is not None:
+      try:
+        sampling.cyclic_poisson_probability(self.population, self.cohort_size, self.groups)
+      except errors.UserInputError:   # Said in the noise cohort's settings.
+        raise errors.UserInputError(
+            f'`noise_cohort_size={self.cohort_size}` from {self.groups} groups of '
+            f'`noise_population={self.population}`: the production run would include each '
+            'client of its group with q = noise_cohort_size x groups / noise_population > 1; '
+            'use a larger population or fewer `bands`') from None
 
   @property
   def scale(self) -> float:
@@ -53,12 +66,8 @@ class NoiseCohort:
       return ledger.SamplingEvent('poisson', n, probability=m / n)
     if event.kind == 'fixed_size':
       return ledger.SamplingEvent('fixed_size', n, sample_size=m)
-    if event.kind == 'cyclic_poisson':
-      q = m * event.groups / n
-      if q > 1:
-        raise errors.UserInputError(
-            f'`noise_cohort_size={m}` from {event.groups} groups of `noise_population={n}` '
-            f'needs q = {q:.3g} > 1; use a larger population or fewer `bands`')
+    if event.kind == 'cyclic_poisson':   # Its q checked at construction (`groups`).
+      q = sampling.cyclic_poisson_probability(n, m, event.groups)
       return ledger.SamplingEvent('cyclic_poisson', n, probability=q, epoch=event.epoch,
                                   groups=event.groups)
     return ledger.SamplingEvent(event.kind, n, sample_size=m,

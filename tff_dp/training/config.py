@@ -632,15 +632,17 @@ class ExperimentConfig:
       raise UserInputError('`private_release` refuses `noise_cohort_size`: a simulation\'s '
                            'projected epsilon protects nobody it trained on; release a run '
                            'without a noise cohort')
-    noise_cohort.NoiseCohort(cohort, population, self.sampling.clients_per_round)
+    _ = self.noise_cohort   # Building it checks its sizes and the production sampling rate.
 
   @property
   def noise_cohort(self) -> Optional[noise_cohort.NoiseCohort]:
     """The noise-cohort simulation of this run, or None."""
     if self.dp.noise_cohort_size is None:
       return None
+    cyclic = self.sampling.client_sampling == 'cyclic_poisson'
     return noise_cohort.NoiseCohort(self.dp.noise_cohort_size, self.dp.noise_population,
-                                    self.sampling.clients_per_round)
+                                    self.sampling.clients_per_round,
+                                    groups=self.dp.bands if cyclic else None)
 
   @classmethod
   def from_settings(cls, settings: Optional[Mapping[str, Any]] = None,
