@@ -98,3 +98,21 @@ def metrics_rows(run_dir) -> list[dict[str, str]]:
   """The rows of RUN_DIR/metrics.csv as written (strings)."""
   with open(os.path.join(run_dir, 'metrics.csv'), newline='') as f:
     return list(csv.DictReader(f))
+
+
+def run_stopped_after(settings: dict, task, name: str, *, resume: bool = False,
+                      stop_after=None):
+  """`experiment.run` of `settings` on `task` in ROOT/`name` (this process), stopped as a
+  SIGTERM between rounds stops it once round `stop_after` has run (None: runs to the end)."""
+  # pylint: disable=g-import-not-at-top  (TensorFlow: only for the tests that run)
+  import signal
+  from tff_dp.training import config as config_lib
+  from tff_dp.training import experiment
+  from tff_dp.training import stop_signal
+  stop = stop_signal.StopSignal(lambda s: None)
+
+  def log(line):
+    if stop_after is not None and line.startswith(f'round {stop_after:>4d}/'):
+      stop.received = signal.SIGTERM   # As the handler records a signal.
+  cfg = config_lib.ExperimentConfig.from_settings(settings, experiment_name=name, resume=resume)
+  return experiment.run(cfg, task, log=log, stop=stop)

@@ -3,6 +3,7 @@ min-separation sampler, the ledger and the accounting of a real run. Oracles: TF
 factory with noise off, dense C^-1 C^-T for the noise covariance, brute force over
 participation patterns and dp_accounting for every epsilon."""
 
+import functools
 import json
 import os
 
@@ -17,6 +18,7 @@ from tff_dp import sampling
 from tff_dp.accounting import correlated
 from tff_dp.matrix_factorization import toeplitz
 from run_helpers import main_in_process
+from run_helpers import run_stopped_after
 from test_matrix_factorization import _brute_force_sensitivity
 
 SCHEDULE = dict(rounds=6, min_separation=2, max_participations=3)
@@ -177,24 +179,11 @@ def test_resume_mid_run_with_noise_off_gives_the_uninterrupted_model(kind, tag_t
   """Stopped after round 3 (a stop signal between rounds) and resumed to round 7: the noise
   state (zero with noise off), the seeded samples and the server optimizer continue, so the
   final model is the uninterrupted run's."""
-  import signal  # pylint: disable=g-import-not-at-top
-  from tff_dp.training import config as config_lib  # pylint: disable=g-import-not-at-top
-  from tff_dp.training import experiment  # pylint: disable=g-import-not-at-top
-  from tff_dp.training import stop_signal  # pylint: disable=g-import-not-at-top
   settings = dict(root_output_dir=str(tmp_path), task='stackoverflow_tag', total_rounds=7,
                   clients_per_round=4, dp=kind, clip=0.5, noise_multiplier=0.0,
                   client_sampling='min_separation', server_momentum=0.9, seed=3,
                   sampling_seed=5, max_eval_examples=20, delta=1e-3)
-
-  def run(name, resume=False, stop_after=None):
-    stop = stop_signal.StopSignal(lambda s: None)
-
-    def log(line):
-      if stop_after is not None and line.startswith(f'round {stop_after:>4d}/'):
-        stop.received = signal.SIGTERM   # As the handler records a signal.
-    cfg = config_lib.ExperimentConfig.from_settings(settings, experiment_name=name,
-                                                    resume=resume)
-    return experiment.run(cfg, tag_task, log=log, stop=stop)
+  run = functools.partial(run_stopped_after, settings, tag_task)
 
   whole = run('whole')
   stopped = run('part', stop_after=3)

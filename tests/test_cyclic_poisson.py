@@ -2,9 +2,12 @@
 accounting of Choquette-Choo et al. 2023, Theorem 4, against dp_accounting built here."""
 
 import collections
+import functools
 import json
 import math
 import os
+import shutil
+import stat
 import subprocess
 import sys
 
@@ -17,6 +20,7 @@ from tff_dp import sampling
 from tff_dp.errors import UserInputError
 from run_helpers import REPO
 from run_helpers import main_in_process
+from run_helpers import run_stopped_after
 from run_helpers import script_env
 from test_correlated_noise import BASE
 from test_correlated_noise import _epsilons
@@ -120,6 +124,29 @@ def test_an_amplified_bandmf_run_is_accounted_as_poisson_sampled_gaussians_per_c
   assert summary['privacy']['sampling']['groups'] == 2
   assert 'Theorem 4' in summary['privacy']['sampling']['accounted_as']
   assert 'cyclic_poisson' in out
+
+
+def test_a_secret_partition_is_saved_and_a_resume_continues_with_it(tag_task, tmp_path):
+  """The groups are a secret key's: a run stopped mid-cycle kept it (owner-only) and its resume
+  continues with the same key; without it a resume is refused (a new partition mid-cycle
+  could put a client in two groups of one cycle)."""
+  settings = dict(root_output_dir=str(tmp_path), task='stackoverflow_tag', total_rounds=4,
+                  clients_per_round=4, dp='bandmf', bands=2, clip=0.5, noise_multiplier=1.0,
+                  client_sampling='cyclic_poisson', max_eval_examples=20, delta=1e-3)
+  run = functools.partial(run_stopped_after, settings, tag_task)
+
+  assert run('run', stop_after=3).rounds_completed == 3   # Inside the second cycle.
+  key_file = tmp_path / 'run' / 'secret' / 'sampling_key'
+  key = key_file.read_bytes()
+  assert len(key) == 32 and stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
+  shutil.copytree(tmp_path / 'run', tmp_path / 'keyless')
+  os.remove(tmp_path / 'keyless' / 'secret' / 'sampling_key')
+  with pytest.raises(UserInputError, match='sampling_key is missing'):
+    run('keyless', resume=True)
+  assert run('run', resume=True).rounds_completed == 4
+  assert key_file.read_bytes() == key
+  records = ledger_lib.read_ledger(str(tmp_path / 'run' / 'ledger.jsonl'))
+  assert [(r.round_num, r.sampling.epoch) for r in records] == [(1, 1), (2, 1), (3, 2), (4, 2)]
 
 
 @pytest.mark.parametrize('extra, message', [

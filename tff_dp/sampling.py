@@ -70,6 +70,17 @@ def _check_seed(seed) -> Optional[int]:
   return None if seed is None else _non_negative_int(seed, 'seed')
 
 
+def _check_probability(probability) -> float:
+  try:
+    q = float(probability)
+  except (TypeError, ValueError):
+    raise errors.UserInputError(
+        f'sampling probability must be a number, got {probability!r}.') from None
+  if not 0.0 < q <= 1.0:  # Also rejects NaN.
+    raise errors.UserInputError(f'sampling probability must be in (0, 1], got {q}.')
+  return q
+
+
 def _check_sample_size(sample_size, population: int) -> int:
   try:
     m = operator.index(sample_size)
@@ -113,6 +124,9 @@ class _SeededRandomness:
 class _Sampler:
   """Draws each round once from secret (seed None) or seeded randomness."""
 
+  key: Optional[bytes] = None   # The secret a resume needs to continue the schedule; None: none.
+  rounds_per_epoch: Optional[int] = None   # None: rounds are not grouped into epochs.
+
   def __init__(self, client_ids: Sequence[Hashable], seed: Optional[int]):
     self.client_ids = _check_population(client_ids)
     self.seed = _check_seed(seed)
@@ -129,13 +143,14 @@ class _Sampler:
     if round_num not in self._drawn:
       randomness = (_SecretRandomness() if self.seed is None
                     else _SeededRandomness(self.seed, round_num))
-      idx = np.sort(self._draw(randomness))
+      idx = np.sort(self._draw(randomness, round_num))
       self._drawn[round_num] = [self.client_ids[i] for i in idx]
       for old in [r for r in self._drawn if r < round_num - 1]:
         del self._drawn[old]   # Only the current and the prefetched round are kept.
     return list(self._drawn[round_num])
 
-  def _draw(self, randomness) -> np.ndarray:
+  def _draw(self, randomness, round_num: int) -> np.ndarray:
+    """Indices (into `client_ids`) of round `round_num`'s clients, from `randomness`."""
     raise NotImplementedError
 
 
@@ -145,20 +160,14 @@ class PoissonSampler(_Sampler):
   def __init__(self, client_ids: Sequence[Hashable], probability: float,
                seed: Optional[int] = None):
     super().__init__(client_ids, seed)
-    try:
-      q = float(probability)
-    except (TypeError, ValueError):
-      raise errors.UserInputError(
-          f'sampling probability must be a number, got {probability!r}.') from None
-    if not 0.0 < q <= 1.0:  # Also rejects NaN.
-      raise errors.UserInputError(f'sampling probability must be in (0, 1], got {q}.')
-    self.probability = q
+    self.probability = _check_probability(probability)
 
   @property
   def expected_clients_per_round(self) -> float:
     return self.probability * len(self.client_ids)
 
-  def _draw(self, randomness) -> np.ndarray:
+  def _draw(self, randomness, round_num: int) -> np.ndarray:
+    del round_num   # Every round alike.
     return np.flatnonzero(randomness.uniform(len(self.client_ids)) < self.probability)
 
   def sampling_event(self, round_num: Optional[int] = None) -> ledger.SamplingEvent:
@@ -179,7 +188,8 @@ class FixedSizeSampler(_Sampler):
   def expected_clients_per_round(self) -> float:
     return float(self.sample_size)
 
-  def _draw(self, randomness) -> np.ndarray:
+  def _draw(self, randomness, round_num: int) -> np.ndarray:
+    del round_num   # Every round alike.
     return randomness.choice(len(self.client_ids), self.sample_size)
 
   def sampling_event(self, round_num: Optional[int] = None) -> ledger.SamplingEvent:
@@ -197,6 +207,47 @@ def rounds_per_epoch(population_size: int, sample_size: int) -> int:
   return population_size // sample_size
 
 
+def _epoch(round_num: int, rounds_per_epoch: int) -> int:
+  """The 1-based epoch of 1-based round `round_num`."""
+  round_num = _non_negative_int(round_num, 'round_num')
+  if round_num < 1:
+    raise errors.UserInputError(f'round_num must be >= 1, got {round_num}.')
+  return (round_num - 1) // rounds_per_epoch + 1
+
+
+class _KeyedPermutations:
+  """One pseudorandom order of n clients per epoch, a function of a secret 32-byte key.
+
+  Epoch e's permutation sorts the clients by keyed BLAKE2b values of (e, position): nobody
+  without the key can predict an epoch's order from others' (numpy's generators would be
+  predictable from their outputs), and the same key gives the same orders after a resume.
+  `key` None draws 32 bytes from the OS (persist `key` to resume); an integer `seed` derives
+  the key from it (reproducible, not secret from whoever holds the seed)."""
+
+  def __init__(self, n: int, seed: Optional[int], key: Optional[bytes]):
+    if seed is not None and key is not None:
+      raise errors.UserInputError('give a sampling seed or a key, not both.')
+    if seed is not None:
+      key = hashlib.sha256(b'tff_dp.sampling.ShuffledSampler seed %d' % seed).digest()
+    elif key is None:
+      key = os.urandom(KEY_BYTES)
+    if not isinstance(key, bytes) or len(key) != KEY_BYTES:
+      raise errors.UserInputError(f'the shuffling key must be {KEY_BYTES} bytes.')
+    self.n, self.key = n, key
+    self._epoch: Optional[int] = None
+    self._permutation: Optional[np.ndarray] = None
+
+  def __call__(self, epoch: int) -> np.ndarray:
+    """Epoch `epoch`'s order (indices into the population); the last epoch's is kept."""
+    if epoch != self._epoch:
+      stream = b''.join(
+          hashlib.blake2b(struct.pack('>QQ', epoch, j), key=self.key, digest_size=64).digest()
+          for j in range(-(-self.n // 8)))
+      values = np.frombuffer(stream, dtype='>u8')[:self.n]
+      self._epoch, self._permutation = epoch, np.argsort(values, kind='stable')
+    return self._permutation
+
+
 class ShuffledSampler:
   """Epoch e is a permutation of the population; its rounds take consecutive blocks of it.
 
@@ -205,12 +256,8 @@ class ShuffledSampler:
   epoch's permutation (the N mod m clients at its end sit the epoch out). So every client
   participates at most once per epoch, which the tree-aggregation accountant requires.
 
-  Epoch e's permutation sorts the clients by keyed BLAKE2b values of (e, position), a
-  pseudorandom function of the secret `key`: nobody without the key can predict an epoch's
-  blocks from others (numpy's generators would be predictable from their outputs), and the
-  same key gives the same permutation after a resume. `key` None draws 32 bytes from the OS
-  (`secret` is then True; persist `key` to resume); an integer `seed` derives the key from it
-  (reproducible, not secret from whoever holds the seed).
+  The permutations are a secret `key`'s (`_KeyedPermutations`): `key` None draws a new one
+  (`secret` is then True; persist `key` to resume), an integer `seed` derives it.
   """
 
   def __init__(self, client_ids: Sequence[Hashable], sample_size: int,
@@ -218,18 +265,9 @@ class ShuffledSampler:
     self.client_ids = _check_population(client_ids)
     self.sample_size = _check_sample_size(sample_size, len(self.client_ids))
     self.seed = _check_seed(seed)
-    if self.seed is not None and key is not None:
-      raise errors.UserInputError('give a sampling seed or a key, not both.')
-    if self.seed is not None:
-      key = hashlib.sha256(b'tff_dp.sampling.ShuffledSampler seed %d' % self.seed).digest()
-    elif key is None:
-      key = os.urandom(KEY_BYTES)
-    if not isinstance(key, bytes) or len(key) != KEY_BYTES:
-      raise errors.UserInputError(f'the shuffling key must be {KEY_BYTES} bytes.')
-    self.key = key
+    self._permutations = _KeyedPermutations(len(self.client_ids), self.seed, key)
+    self.key = self._permutations.key
     self.rounds_per_epoch = rounds_per_epoch(len(self.client_ids), self.sample_size)
-    self._epoch: Optional[int] = None
-    self._permutation: Optional[np.ndarray] = None
 
   @property
   def secret(self) -> bool:
@@ -241,21 +279,11 @@ class ShuffledSampler:
 
   def epoch(self, round_num: int) -> int:
     """The 1-based epoch of 1-based round `round_num`."""
-    round_num = _non_negative_int(round_num, 'round_num')
-    if round_num < 1:
-      raise errors.UserInputError(f'round_num must be >= 1, got {round_num}.')
-    return (round_num - 1) // self.rounds_per_epoch + 1
+    return _epoch(round_num, self.rounds_per_epoch)
 
   def permutation(self, epoch: int) -> np.ndarray:
     """Epoch `epoch`'s order of the population (indices into `client_ids`)."""
-    if epoch != self._epoch:
-      n = len(self.client_ids)
-      stream = b''.join(
-          hashlib.blake2b(struct.pack('>QQ', epoch, j), key=self.key, digest_size=64).digest()
-          for j in range(-(-n // 8)))
-      values = np.frombuffer(stream, dtype='>u8')[:n]
-      self._epoch, self._permutation = epoch, np.argsort(values, kind='stable')
-    return self._permutation
+    return self._permutations(epoch)
 
   def sample(self, round_num: int) -> list:
     """The clients of `round_num`, in population order."""
@@ -294,52 +322,45 @@ class MinSeparationSampler(ShuffledSampler):
                                 seeded=not self.secret)
 
 
-class CyclicPoissonSampler(ShuffledSampler):
+class CyclicPoissonSampler(_Sampler):
   """One secret permutation of the population dealt into `groups` groups (client at position
   j of the permutation is in group j % groups); round r visits group (r - 1) % groups and
   includes each of its clients independently with `probability` (may return no client). So a
   client can only participate every `groups` rounds, at most once per cycle: the sampling of
   amplified BandMF (Choquette-Choo et al. 2023, Theorem 4), `groups` = the strategy's bands.
 
-  The partition is a secret key's (kept beside the checkpoints, as `ShuffledSampler`'s); each
-  round's Poisson draw comes from OS randomness, or from `np.random.default_rng([seed, r])`
-  with a seed, as `PoissonSampler`'s. `epoch(r)` is the cycle of round r."""
+  The partition is a secret key's (`_KeyedPermutations`, kept beside the checkpoints as
+  `ShuffledSampler`'s); each round's Poisson draw is `_Sampler`'s, from OS randomness or from
+  the seed. `epoch(r)` is the cycle of round r."""
 
   def __init__(self, client_ids: Sequence[Hashable], groups: int, probability: float,
                seed: Optional[int] = None, key: Optional[bytes] = None):
-    ids = _check_population(client_ids)
+    super().__init__(client_ids, seed)
     groups = _non_negative_int(groups, 'groups')
-    if not 1 <= groups <= len(ids):
+    if not 1 <= groups <= len(self.client_ids):
       raise errors.UserInputError(
-          f'groups must be in [1, {len(ids)}] (the population), got {groups}.')
-    super().__init__(ids, groups, seed=seed, key=key)
-    # ShuffledSampler's block arithmetic with block size `groups`: one cycle has N // groups
-    # blocks; here a cycle is `groups` rounds instead.
+          f'groups must be in [1, {len(self.client_ids)}] (the population), got {groups}.')
     self.groups = self.rounds_per_epoch = groups
-    del self.sample_size
-    self.probability = PoissonSampler(ids[:1], probability).probability   # Checked alike.
-    self._drawn: dict[int, list] = {}
+    self.probability = _check_probability(probability)
+    self._partition = _KeyedPermutations(len(self.client_ids), self.seed, key)
+    self.key = self._partition.key
 
   @property
   def expected_clients_per_round(self) -> float:
     return self.probability * len(self.client_ids) / self.groups
 
+  def epoch(self, round_num: int) -> int:
+    """The 1-based cycle of 1-based round `round_num`."""
+    return _epoch(round_num, self.groups)
+
   def members(self, round_num: int) -> np.ndarray:
     """Indices (into `client_ids`) of the group round `round_num` visits."""
-    return self.permutation(1)[(round_num - 1) % self.groups::self.groups]
+    self.epoch(round_num)   # Checks round_num.
+    return self._partition(1)[(round_num - 1) % self.groups::self.groups]
 
-  def sample(self, round_num: int) -> list:
-    epoch = self.epoch(round_num)
-    del epoch   # Checks round_num.
-    if round_num not in self._drawn:
-      group = self.members(round_num)
-      randomness = (_SecretRandomness() if self.seed is None
-                    else _SeededRandomness(self.seed, round_num))
-      idx = np.sort(group[randomness.uniform(len(group)) < self.probability])
-      self._drawn[round_num] = [self.client_ids[i] for i in idx]
-      for old in [r for r in self._drawn if r < round_num - 1]:
-        del self._drawn[old]   # Only the current and the prefetched round are kept.
-    return list(self._drawn[round_num])
+  def _draw(self, randomness, round_num: int) -> np.ndarray:
+    group = self.members(round_num)
+    return group[randomness.uniform(len(group)) < self.probability]
 
   def sampling_event(self, round_num: int) -> ledger.SamplingEvent:
     return ledger.SamplingEvent(kind='cyclic_poisson', population_size=len(self.client_ids),

@@ -155,10 +155,10 @@ def build(sampling_cfg: config_lib.SamplingConfig, dp: config_lib.DPConfig,
       else accounting.suggested_delta(len(population)), len(population))
   accountant = _accountant(accounting_cfg, delta, tree) if dp.kind != 'none' else None
   dp_factory = build_aggregator(dp, sampling_cfg.clients_per_round,
-                                getattr(sampler, 'rounds_per_epoch', None), total_rounds,
+                                sampler.rounds_per_epoch, total_rounds,
                                 amplified=cyclic,
                                 noise_scale=cohort.scale if cohort is not None else 1.0)
-  new_key = (isinstance(sampler, sampling.ShuffledSampler) and sampler.secret and not resume)
+  new_key = sampler.key is not None and sampler.secret and not resume
   return Privacy(sampler=sampler, dp_factory=dp_factory, delta=delta, accountant=accountant,
                  tree=tree, key_to_save=sampler.key if new_key else None,
                  correlated=getattr(dp_factory, 'strategy', None),
