@@ -168,17 +168,18 @@ class LedgerAccountant:
       return 0.0
     return self._account.epsilon_pld(self.delta)
 
-  def epsilon(self) -> Dict[str, Optional[float]]:
+  def epsilon(self, final: bool = False) -> Dict[str, Optional[float]]:
     """{method: epsilon} after all rounds added so far, for the requested methods.
 
     With `pld_every` > 1 the 'pld' value is None unless num_records is a multiple of
-    `pld_every` (PLD composition costs ~0.1-1 s per call; RDP is always reported).
+    `pld_every` (PLD composition costs ~0.1-1 s per call; RDP is always reported), or
+    `final` (the last round of a run, whose PLD value is always reported).
     """
     result = {}
     if 'rdp' in self.methods:
       result['rdp'] = self.epsilon_rdp()
     if 'pld' in self.methods:
-      due = self._num_records % self.pld_every == 0
+      due = final or self._num_records % self.pld_every == 0
       result['pld'] = self.epsilon_pld() if due else None
     return result
 
@@ -263,23 +264,17 @@ def epsilon_curve(records: Sequence[ledger.RoundRecord], delta: float,
   `progress(done, total)`, if given, is called after each PLD evaluation and at the end.
   """
   check_delta(delta, population_of(records))
-  acc = LedgerAccountant(delta, methods, neighboring_relation, **accountant_kwargs)
   n = len(records)
   if pld_every is None:
     pld_every = max(1, math.ceil(n / DEFAULT_PLD_POINTS))
-  elif isinstance(pld_every, bool) or not isinstance(pld_every, int) or pld_every < 1:
-    raise errors.UserInputError(f'pld_every must be a positive integer, got {pld_every!r}.')
+  acc = LedgerAccountant(delta, methods, neighboring_relation, pld_every=pld_every,
+                         **accountant_kwargs)
   curve = []
   for i, record in enumerate(records):
     acc.add(record)
-    eps_pld = None
-    if 'pld' in acc.methods and ((i + 1) % pld_every == 0 or i == n - 1):
-      eps_pld = acc.epsilon_pld()
-      if progress is not None:
-        progress(i + 1, n)
-    curve.append({
-        'round': record.round_num,
-        'epsilon_rdp': acc.epsilon_rdp() if 'rdp' in acc.methods else None,
-        'epsilon_pld': eps_pld,
-    })
+    epsilons = acc.epsilon(final=i == n - 1)
+    if progress is not None and (epsilons.get('pld') is not None or i == n - 1):
+      progress(i + 1, n)
+    curve.append({'round': record.round_num, 'epsilon_rdp': epsilons.get('rdp'),
+                  'epsilon_pld': epsilons.get('pld')})
   return curve

@@ -43,10 +43,7 @@ class Projection:
 
   def epsilons(self, is_last: bool) -> dict[str, Optional[float]]:
     """{method: projected epsilon}; the final PLD value always."""
-    epsilons = self.accountant.epsilon()
-    if epsilons.get('pld', 0.0) is None and is_last:
-      epsilons['pld'] = self.accountant.epsilon_pld()
-    return epsilons
+    return self.accountant.epsilon(final=is_last)
 
   def statement(self) -> dict[str, Any]:
     """What the privacy statement says of the projection (`privacy_statement.statement`)."""
@@ -103,10 +100,8 @@ class PrivacyRecorder:
   def epsilon_columns(self, is_last: bool) -> dict[str, Optional[float]]:
     """{'epsilon_<method>': epsilon after the recorded rounds}; the final PLD value always.
     With a noise cohort also {'projected_epsilon_<method>': the production run's}."""
-    epsilons = self.accountant.epsilon()
-    if epsilons.get('pld', 0.0) is None and is_last:
-      epsilons['pld'] = self.accountant.epsilon_pld()
-    columns = {f'epsilon_{method}': eps for method, eps in epsilons.items()}
+    columns = {f'epsilon_{method}': eps
+               for method, eps in self.accountant.epsilon(final=is_last).items()}
     if self.projection is not None:
       columns.update({f'projected_epsilon_{method}': eps
                       for method, eps in self.projection.epsilons(is_last).items()})
