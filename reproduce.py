@@ -339,8 +339,9 @@ def reproduce_table(table: str, *, scale: str, data_dir: str, root_output_dir: s
 def main(argv) -> int:
   """argv (program name first) -> exit code: 0 done, 2 bad input (unknown flags included),
   1 an arm failed."""
-  from tff_dp import runtime  # pylint: disable=g-import-not-at-top
-  runtime.manage_workers()   # No TFF worker outlives the command.
+  # No `runtime.manage_workers()` here: this process starts no TFF worker (each arm is a
+  # run_experiment.py process that manages its own), so it never imports TensorFlow and a plan
+  # or an error comes in about a second.
   from tff_dp import cli_flags  # pylint: disable=g-import-not-at-top
   from tff_dp.errors import UserInputError  # pylint: disable=g-import-not-at-top
   try:

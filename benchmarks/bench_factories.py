@@ -10,11 +10,11 @@ Arms, all in `tff.learning.algorithms.build_unweighted_fed_avg` with the same cl
   adadps_client    AdaDPS preconditioned client optimizer + our adaptive factory
   adadps_server    AdaDPS PreconditionedFactory around our adaptive factory
 Rounds of all arms are interleaved with a rotating order, so machine noise hits every arm alike.
-Peak memory: the peak RSS of this process plus its TFF worker_binary over 2 rounds of the arm
-(reset between arms through /proc/PID/clear_refs), and how far that peak rises above the RSS
-resident when the arm starts (the arm's transient round memory; the resident part grows as arms
-are built in one process). Also prints the ledger + accountant cost per
-round. Usage: python benchmarks/bench_factories.py [--rounds 5] [--tasks emnist,stackoverflow_word]
+Peak memory: the peak RSS of this process plus its TFF worker_binary over `--memory_rounds`
+rounds of the arm (reset between arms through /proc/PID/clear_refs), and how far that peak
+rises above the RSS resident when the arm starts (the arm's transient round memory; the
+resident part grows as arms are built in one process). Also prints the ledger + accountant
+cost per round. Usage: python benchmarks/bench_factories.py [--rounds 5] [--tasks emnist,stackoverflow_word]
 """
 
 import argparse
@@ -94,19 +94,20 @@ def _mib(pids, field) -> float:
   return sum(_status_kib(p, field) for p in pids) / 1024
 
 
-def bench_task(name, data_dir, clients, rounds):
-  task = tasks.build_task(name, data_dir, client_batch_size=20)
+def bench_task(name, data_dir, clients, rounds, max_elements=None, memory_rounds=2):
+  task = tasks.build_task(name, data_dir, client_batch_size=20,
+                          max_elements_per_client=max_elements)
   data = bench_common.first_client_datasets(task, clients)
   processes = _arms(task, clients)
   states = {k: p.initialize() for k, p in processes.items()}
   peaks = {}
-  for k, p in processes.items():  # Warm-up (tracing), then peak memory of 2 rounds.
+  for k, p in processes.items():  # Warm-up (tracing), then peak memory of `memory_rounds`.
     states[k] = p.next(states[k], data).state
     pids = [os.getpid()] + runtime.worker_pids()
     for pid in pids:
       _reset_peak(pid)
     baseline = _mib(pids, 'VmRSS')
-    for _ in range(2):
+    for _ in range(memory_rounds):
       states[k] = p.next(states[k], data).state
     peak = _mib(pids, 'VmHWM')
     peaks[k] = (peak, peak - baseline)
@@ -142,7 +143,8 @@ def ledger_cost(rounds: int = 300) -> dict:
 
 
 # `--smoke`: the smallest settings, which the test suite runs (bench_args).
-SMOKE = ['--rounds=1', '--clients=6', '--tasks=emnist']   # TFF's gaussian_adaptive needs >= 6.
+SMOKE = ['--rounds=1', '--clients=6', '--tasks=emnist', '--max_elements=20', '--memory_rounds=1',
+         '--ledger_rounds=20']   # TFF's gaussian_adaptive needs >= 6 clients.
 
 
 def main():
@@ -150,6 +152,12 @@ def main():
   parser.add_argument('--rounds', type=int, default=5)
   parser.add_argument('--clients', type=int, default=10)
   parser.add_argument('--tasks', default='emnist,stackoverflow_word')
+  parser.add_argument('--max_elements', type=int, default=None,
+                      help='examples per client (default: all of the embedded data)')
+  parser.add_argument('--memory_rounds', type=int, default=2,
+                      help='rounds of each arm whose peak memory is measured')
+  parser.add_argument('--ledger_rounds', type=int, default=300,
+                      help='rounds of the ledger + accountant cost')
   args = bench_args.parse(parser, SMOKE)
   data_dir = os.path.join(tempfile.gettempdir(), 'tff_dp_bench_data')
   print(f'{time.strftime("%Y-%m-%d")}, {platform.machine()}, {os.cpu_count()} cores, '
@@ -157,14 +165,15 @@ def main():
         f'{args.rounds} interleaved rounds; z={_Z}, clip={_CLIP}')
   for name in args.tasks.split(','):
     synthetic_data.ensure_default_cache(data_dir, name)
-    times, peaks = bench_task(name, data_dir, args.clients, args.rounds)
+    times, peaks = bench_task(name, data_dir, args.clients, args.rounds, args.max_elements,
+                              args.memory_rounds)
     print(f'\n{name}\n{"arm":<15} {"s/round":>8} {"x plain":>8} {"peak MiB":>9} '
           f'{"round peak above resident MiB":>30}')
     for k, t in times.items():
       print(f'{k:<15} {t:>8.3f} {t / times["plain"]:>8.3f} {peaks[k][0]:>9.0f} '
             f'{peaks[k][1]:>30.0f}')
   print('\nledger + accountant, per round (adaptive clipping, two queries)')
-  for k, v in ledger_cost().items():
+  for k, v in ledger_cost(args.ledger_rounds).items():
     print(f'{k:<32} {v * 1000:>8.2f} ms')
 
 

@@ -6,8 +6,9 @@ batch 20, one epoch) on the same SQLite cache, `sample_train_clients(10)` and
 Ours: `tff_dp.training.experiment.run` with flat adaptive DP clipping, Poisson-free fixed-size
 sampling of 10 clients, ledger + RDP/PLD accounting, metrics CSV, TensorBoard and a checkpoint
 every round; the per-round wall time (`wall_seconds` in metrics.csv: the whole round, not just
-the TFF call). 10 clients x 100 examples per round. Arms run plain / ours / plain and the ratio
-uses the mean of both plain medians, so machine drift hits both sides.
+the TFF call). 10 clients x 100 examples per round (`--clients`, `--examples`). Arms run
+plain / ours / plain and the ratio uses the mean of both plain medians, so machine drift hits
+both sides.
 
 Usage: python benchmarks/bench_throughput.py [--rounds 12] [--max_concurrent_computation_calls N]
 """
@@ -37,19 +38,16 @@ runtime.manage_workers()   # No TFF worker outlives the benchmark.
 from tff_dp.training import config as config_lib  # noqa: E402
 from tff_dp.training import experiment  # noqa: E402
 
-_CLIENTS, _EXAMPLES = 10, 100
-
-
-def _data_dir() -> str:
-  path = os.path.join(tempfile.gettempdir(), 'tff_dp_bench_throughput')
+def _data_dir(examples: int) -> str:
+  path = os.path.join(tempfile.gettempdir(), f'tff_dp_bench_throughput_{examples}')
   if not os.path.exists(os.path.join(path, 'emnist_all.sqlite')):
     os.makedirs(path, exist_ok=True)
     synthetic_data.write_emnist_cache(path, num_train_clients=100,
-                                      examples_per_client=_EXAMPLES, num_test_clients=5)
+                                      examples_per_client=examples, num_test_clients=5)
   return path
 
 
-def plain_tff_seconds(data_dir: str, rounds: int) -> list[float]:
+def plain_tff_seconds(data_dir: str, rounds: int, clients: int) -> list[float]:
   spec = tff.simulation.baselines.ClientSpec(num_epochs=1, batch_size=20)
   task = tff.simulation.baselines.emnist.create_character_recognition_task(
       spec, model_id='cnn_dropout', only_digits=False, cache_dir=data_dir)
@@ -63,18 +61,18 @@ def plain_tff_seconds(data_dir: str, rounds: int) -> list[float]:
   for _ in range(rounds + 1):
     t0 = time.perf_counter()
     data = [task.datasets.train_preprocess_fn(task.datasets.train_data.create_tf_dataset_for_client(c))
-            for c in rng.sample(ids, _CLIENTS)]
+            for c in rng.sample(ids, clients)]
     state = process.next(state, data).state
     times.append(time.perf_counter() - t0)
   return times[1:]  # The first round includes tracing.
 
 
-def ours_seconds(data_dir: str, rounds: int, **overrides) -> list[float]:
+def ours_seconds(data_dir: str, rounds: int, clients: int, **overrides) -> list[float]:
   task = tasks.build_task('emnist', data_dir, client_batch_size=20, only_digits=False)
   root = tempfile.mkdtemp(prefix='tff_dp_bench_')  # A fresh run directory per arm.
   cfg = config_lib.ExperimentConfig.from_settings(
       root_output_dir=root, experiment_name='ours', total_rounds=rounds + 1,
-      clients_per_round=_CLIENTS, client_sampling='fixed_size', client_learning_rate=0.05,
+      clients_per_round=clients, client_sampling='fixed_size', client_learning_rate=0.05,
       dp='adaptive', clip=0.1, noise_multiplier=0.5, rounds_per_eval=10**6,
       max_eval_examples=200, **overrides)
   experiment.run(cfg, task, log=lambda _: None)
@@ -85,31 +83,33 @@ def ours_seconds(data_dir: str, rounds: int, **overrides) -> list[float]:
 
 
 # `--smoke`: the smallest settings, which the test suite runs (bench_args).
-SMOKE = ['--rounds=2']
+SMOKE = ['--rounds=2', '--clients=2', '--examples=20']
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--rounds', type=int, default=12)
+  parser.add_argument('--clients', type=int, default=10, help='clients per round')
+  parser.add_argument('--examples', type=int, default=100, help='examples per client')
   parser.add_argument('--max_concurrent_computation_calls', type=int, default=None,
                       help='Set the C++ context concurrency (default: tff_dp\'s setting).')
   args = bench_args.parse(parser, SMOKE)
   if args.max_concurrent_computation_calls is not None:
     runtime.configure_execution_context(
         max_concurrent_computation_calls=args.max_concurrent_computation_calls)
-  data_dir = _data_dir()
+  data_dir, clients = _data_dir(args.examples), args.clients
   # Means, not medians: the periodic PLD report and checkpoint are part of the round cost.
-  plain1 = statistics.mean(plain_tff_seconds(data_dir, args.rounds))
-  ours = statistics.mean(ours_seconds(data_dir, args.rounds))
-  no_cache = statistics.mean(ours_seconds(data_dir, args.rounds, client_cache_size=0,
+  plain1 = statistics.mean(plain_tff_seconds(data_dir, args.rounds, clients))
+  ours = statistics.mean(ours_seconds(data_dir, args.rounds, clients))
+  no_cache = statistics.mean(ours_seconds(data_dir, args.rounds, clients, client_cache_size=0,
                                           prefetch_clients=False))
-  ckpt1 = statistics.mean(ours_seconds(data_dir, args.rounds, rounds_per_checkpoint=1,
+  ckpt1 = statistics.mean(ours_seconds(data_dir, args.rounds, clients, rounds_per_checkpoint=1,
                                        pld_every=1))
   runtime.configure_execution_context(max_concurrent_computation_calls=1)
-  serial = statistics.mean(ours_seconds(data_dir, args.rounds))
+  serial = statistics.mean(ours_seconds(data_dir, args.rounds, clients))
   runtime.configure_execution_context(
       max_concurrent_computation_calls=args.max_concurrent_computation_calls or -1)
-  plain2 = statistics.mean(plain_tff_seconds(data_dir, args.rounds))
+  plain2 = statistics.mean(plain_tff_seconds(data_dir, args.rounds, clients))
   plain = (plain1 + plain2) / 2
   print(f'{"arm (mean wall s/round)":<66} {"s/round":>8} {"/plain":>7}')
   print(f'{"plain TFF, no DP (first / last arm)":<66} {plain1:>8.3f} / {plain2:.3f}')
@@ -119,7 +119,7 @@ def main():
                   ('  same, one client at a time (max_concurrent_computation_calls=1)', serial)]:
     print(f'{name:<66} {t:>8.3f} {t / plain:>7.3f}')
   print(f'ratio ours (defaults) / plain TFF: {ours / plain:.3f}  (target <= 1.2; '
-        f'{_CLIENTS} clients x {_EXAMPLES} examples, {os.cpu_count()} cores, '
+        f'{clients} clients x {args.examples} examples, {os.cpu_count()} cores, '
         f'TF inter-op threads {tf.config.threading.get_inter_op_parallelism_threads()})')
 
 

@@ -145,8 +145,7 @@ def test_killed_run_resumes_with_identical_epsilon_curve(dp, data_dir, tmp_path)
       assert resumed_eps == pytest.approx(full_eps, rel=1e-10)
     else:
       # Adaptive clips differ between two runs (independent noise), so sigma/S differs in the
-      # last float32 bit, and the accountant rounds z down to 6 significant digits for its
-      # cache (conservative): equal to that resolution.
+      # last float32 bits: equal to that resolution.
       assert resumed_eps == pytest.approx(full_eps, rel=2e-5)
   records = ledger_lib.read_ledger(str(tmp_path / 'killed' / 'ledger.jsonl'))
   assert [r.round_num for r in records] == [1, 2, 3, 4, 5]

@@ -6,6 +6,7 @@ import math
 import os
 import re
 import subprocess
+import sys
 
 import dp_accounting
 import numpy as np
@@ -157,6 +158,22 @@ def test_dry_run_and_bad_input(tmp_path):
     assert bad.returncode == 2 and message in bad.stderr, (args, bad.stderr)
     assert bad.stderr.count('error:') == 1 and not _planned(bad.stdout), bad.stderr
   assert os.listdir(tmp_path) == []   # Nothing of the refused commands was written.
+
+
+# reproduce.py's `main` in a fresh interpreter, then whether TensorFlow was imported.
+_PROBE = ('import sys, reproduce; code = reproduce.main(sys.argv); '
+          'print("exit", code, "tensorflow" in sys.modules)')
+
+
+@pytest.mark.parametrize('args, code', [(['--table=all', '--scale=smoke', '--dry_run'], 0),
+                                        (['--table=nope'], 2)])
+def test_planning_and_refusing_import_no_tensorflow(args, code, tmp_path):
+  """reproduce.py starts no TFF worker (each arm is a run_experiment.py process that manages its
+  own): planning every table, or refusing a flag, answers without TensorFlow's import."""
+  out = subprocess.run([sys.executable, '-c', _PROBE, *args, f'--root_output_dir={tmp_path}'],
+                       cwd=REPO, env=script_env(), capture_output=True, text=True, timeout=120)
+  last_line = out.stdout.strip().splitlines()[-1]
+  assert last_line == f'exit {code} False', out.stdout[-2000:] + out.stderr[-2000:]
 
 
 def _table_rows(path):
