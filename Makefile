@@ -44,11 +44,13 @@ demo: setup $(DEMO_DATA)/emnist_all.sqlite
 	$(PY) run_experiment.py $(DEMO_FLAGS)
 
 # The whole suite, with one arm per paper table at smoke scale; `make test-tables` runs every arm.
-# Two pytest workers (pytest-xdist), one per core: about half of the suite's time is one
-# single-threaded Python process (TFF tracing, TensorFlow imports, SQLite). Each file runs whole on
-# one worker (--dist loadfile), so a module's fixtures are built once. TEST_WORKERS=0 runs the
-# suite in this process (one worker's memory, e.g. beside another job).
-TEST_WORKERS ?= 2
+# Three pytest workers (pytest-xdist) on 2 cores: a test's time is mostly single-threaded Python
+# (TFF tracing, TensorFlow imports, SQLite), and with one worker per core the cores still sat
+# idle 13% of the time (tests waiting on signals, killed workers, time-outs); a third worker
+# fills that (docs/BENCHMARKS.md, "The test suite's time"). Each file runs whole on one worker
+# (--dist loadfile), so a module's fixtures are built once. TEST_WORKERS=0 runs the suite in
+# this process (one worker's memory, e.g. beside another job).
+TEST_WORKERS ?= 3
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 test: setup
 	$(PYTEST) --durations=10 -m "not all_tables" tests

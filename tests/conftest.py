@@ -17,7 +17,7 @@ runtime.manage_workers()
 
 # pytest-xdist (`make test`: --dist loadfile) hands whole files to its workers in collection
 # order, each to the next free worker. The longest files go first (longest processing time
-# first), so that no worker is still running a long file after the other has run out of work.
+# first), so that no worker is still running a long file after the others have run out of work.
 # The order is by the suite's measured durations (`--durations=0`), longest first.
 _LONGEST_FILES_FIRST = ('test_benchmarks.py', 'test_reproduce.py', 'test_end_to_end.py',
                         'test_ftrl.py', 'test_canary_runs.py', 'test_faults.py',

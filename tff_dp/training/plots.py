@@ -83,22 +83,27 @@ def _with_numbers(cols, role) -> list[str]:
           if not all(math.isnan(v) for v in cols[k])]
 
 
+def _accounted_figure(cols, keys, delta, title):
+  """One curve per accountant's epsilon column in `keys`, against rounds."""
+  accountant = plot_axes.accountant_name
+  return _epsilon_figure(
+      cols.get('round', []), [(cols[k], f'{accountant(k)} accountant', '-') for k in keys],
+      plot_axes.epsilon_axis_label(delta, [accountant(k) for k in keys]), title)
+
+
 def _epsilon_figures(cols, delta, projection_delta) -> list:
   """[(figure, file name)]: the run's epsilon, a noise cohort's projection, and canary
   estimates beside the proven bound."""
   rounds, accountant, figures = cols.get('round', []), plot_axes.accountant_name, []
   eps_cols = _with_numbers(cols, columns_lib.EPSILON)
   if eps_cols:
-    figures.append((_epsilon_figure(
-        rounds, [(cols[k], f'{accountant(k)} accountant', '-') for k in eps_cols],
-        plot_axes.epsilon_axis_label(delta, [accountant(k) for k in eps_cols]),
-        'Privacy spent (accounted from the ledger)'), 'epsilon_vs_round.png'))
+    figures.append((_accounted_figure(cols, eps_cols, delta,
+                                      'Privacy spent (accounted from the ledger)'),
+                    'epsilon_vs_round.png'))
   projected_cols = _with_numbers(cols, columns_lib.PROJECTED_EPSILON)
   if projected_cols:
-    figures.append((_epsilon_figure(
-        rounds, [(cols[k], f'{accountant(k)} accountant', '-') for k in projected_cols],
-        plot_axes.epsilon_axis_label(projection_delta,
-                                     [accountant(k) for k in projected_cols]),
+    figures.append((_accounted_figure(
+        cols, projected_cols, projection_delta,
         'Projected epsilon of the production run (noise cohort):\n'
         'not a guarantee for this run\'s clients'), 'projected_epsilon_vs_round.png'))
   estimate_cols = _with_numbers(cols, columns_lib.CANARY_EPSILON)
