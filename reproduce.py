@@ -3,7 +3,7 @@
 """Reproduces a paper table: runs every arm of experiments/TABLE, then builds the table.
 
   python reproduce.py --table=andrew2021_emnist --scale=smoke      # minutes, embedded data
-  python reproduce.py --table=all --scale=smoke                    # every table (what CI runs)
+  python reproduce.py --table=all --scale=smoke                    # every arm of every table
   python reproduce.py --table=andrew2021_emnist --scale=full --data_dir=~/.tff
 
 Each arm is one flag file in experiments/TABLE/ holding the paper's settings (full scale) and

@@ -101,6 +101,24 @@ def test_build_tables_markdown_and_plots(tmp_path):
     assert f'({os.path.basename(p)})' in text
 
 
+def test_tables_of_one_paper_keep_their_own_plots(tmp_path):
+  """Two paper tables whose titles agree in their first 100 characters (the Recycling Scraps
+  table and its DP-FedAvg companion share 57): each gets its four plots, named after it."""
+  common = 'Shejwalkar et al. 2022 (Recycling Scraps): StackOverflow NWP, ' * 2
+  titles = (common + 'over DP-FTRL', common + 'at epsilon 8.2')
+  for name, title in zip('ab', titles):
+    _write_run(str(tmp_path / 'runs' / name), paper={'table': title, 'arm': name})
+  out = tables.build_tables([str(tmp_path / 'runs' / n) for n in 'ab'], str(tmp_path / 'out'))
+  names = {os.path.basename(p) for p in out['plots']}
+  assert len(names) == 8 and set(os.listdir(tmp_path / 'out')) == names | {'results.md'}
+  prefixes = {n[:-len('_accuracy_vs_round.png')] for n in names
+              if n.endswith('_accuracy_vs_round.png')}
+  assert len(prefixes) == 2 and all(len(p) <= 100 for p in prefixes)
+  # A title that fits is its words, whole.
+  assert plots.slug('Shejwalkar et al. 2022 (Recycling Scraps): StackOverflow NWP over '
+                    'DP-FTRL') == 'shejwalkar_et_al_2022_recycling_scraps_stackoverflow_nwp_over_dp_ftrl'
+
+
 def test_cli_writes_table_and_rejects_bad_input(tmp_path, capsys):
   _write_run(str(tmp_path / 'r1'), paper={'table': 'T', 'arm': 'x', 'results': {'accuracy': 1}})
   _write_run(str(tmp_path / 'r2'))

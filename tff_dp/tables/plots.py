@@ -1,5 +1,6 @@
 """Cross-run PNG plots for one table: accuracy, clip norm and epsilon vs round, accuracy vs eps."""
 
+import hashlib
 import os
 import re
 from typing import Sequence
@@ -18,8 +19,17 @@ _VARIANTS = (('eval_accuracy', '', '-'), ('eval_ema_accuracy', ' (EMA)', '--'),
              ('eval_past_k_accuracy', ' (past-k)', ':'))
 
 
+_SLUG_CHARS = 100
+
+
 def slug(text: str) -> str:
-  return re.sub(r'[^a-z0-9]+', '_', text.lower()).strip('_')[:60] or 'runs'
+  """`text` as a file-name prefix: lower-case words joined by '_'. Longer than 100 characters,
+  cut to 91 plus 8 hex digits of the whole text's hash, so that two titles sharing a long
+  prefix (one paper's tables) keep distinct plot files."""
+  words = re.sub(r'[^a-z0-9]+', '_', text.lower()).strip('_') or 'runs'
+  if len(words) <= _SLUG_CHARS:
+    return words
+  return f'{words[:_SLUG_CHARS - 9]}_{hashlib.sha256(text.encode()).hexdigest()[:8]}'
 
 
 def series_labels(results: Sequence[RunResult]) -> list[str]:
