@@ -283,14 +283,11 @@ def _reproduce_smoke_tables(tmp_path, arms_by_table):
     table_dir = tmp_path / f'{table}-smoke'
     rows = _table_rows(table_dir / 'results.md')
     assert sorted(rows) == sorted(arms)
-    # Four plots per paper table among the arms (Recycling Scraps: its DP-FTRL table and the
-    # DP-FedAvg arms' own).
-    titles = {json.loads((table_dir / 'runs' / arm / 'config.json').read_text())['paper_table']
-              for arm in arms}
-    assert len(glob.glob(str(table_dir / '*.png'))) == 4 * len(titles)
+    titles = set()   # The paper tables among the arms.
     for arm, cells in rows.items():
       run_dir = table_dir / 'runs' / arm
       config = json.loads((run_dir / 'config.json').read_text())
+      titles.add(config['paper_table'])
       metrics = metrics_rows(run_dir)
       # run, arm, seed, clients (pop.), rounds, paper rounds, delta, epsilon, paper eps, acc
       assert int(cells[4]) == config['total_rounds'] == len(metrics)
@@ -303,6 +300,8 @@ def _reproduce_smoke_tables(tmp_path, arms_by_table):
       assert float(cells[7]) == pytest.approx(_independent_epsilon(str(run_dir), delta),
                                               rel=1e-3)
       assert math.isfinite(float(cells[7])) and float(cells[7]) > 0
+    # Four plots per paper table (Recycling Scraps: its DP-FTRL table and the DP-FedAvg arms').
+    assert len(glob.glob(str(table_dir / '*.png'))) == 4 * len(titles)
   # Each (last iterate, training over the EMA) pair of the Recycling Scraps table: the aggregates
   # are evaluated, and the same sampling and noise leave the ledger's epsilon unchanged.
   recycling_arms = arms_by_table.get(_RECYCLING, [])

@@ -116,7 +116,8 @@ def test_tables_of_one_paper_keep_their_own_plots(tmp_path):
   assert len(prefixes) == 2 and all(len(p) <= 100 for p in prefixes)
   # A title that fits is its words, whole.
   assert plots.slug('Shejwalkar et al. 2022 (Recycling Scraps): StackOverflow NWP over '
-                    'DP-FTRL') == 'shejwalkar_et_al_2022_recycling_scraps_stackoverflow_nwp_over_dp_ftrl'
+                    'DP-FTRL') == ('shejwalkar_et_al_2022_recycling_scraps_stackoverflow_nwp_'
+                                   'over_dp_ftrl')
 
 
 def test_cli_writes_table_and_rejects_bad_input(tmp_path, capsys):
