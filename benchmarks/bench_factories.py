@@ -6,7 +6,8 @@ Arms, all in `tff.learning.algorithms.build_unweighted_fed_avg` with the same cl
   tff_adaptive     TFF's built-in DifferentiallyPrivateFactory.gaussian_adaptive
   fixed, adaptive, per_layer   our factories (tff_dp.aggregators.build_dp_aggregator)
   ftrl, ftrl_adaptive   DP-FTRL: our wrappers of TFF's tree_aggregation / tree_adaptive
-  blt, bandmf      correlated-noise DP-FTRL (ours: BLT's buffers, BandMF's 19)
+  blt, bandmf      correlated-noise DP-FTRL (ours), planned for `--plan_rounds` rounds with a
+                   client every `--min_separation` (BLT's few buffers; BandMF's bands - 1: 19)
   adadps_client    AdaDPS preconditioned client optimizer + our adaptive factory
   adadps_server    AdaDPS PreconditionedFactory around our adaptive factory
 Rounds of all arms are interleaved with a rotating order, so machine noise hits every arm alike.
@@ -45,10 +46,14 @@ runtime.manage_workers()   # No TFF worker outlives the benchmark.
 from tff_dp.training import adadps_setup  # noqa: E402
 
 _Z, _CLIP = 0.5, 1.0
-_CORRELATED_PLAN = dict(rounds=200, min_separation=20, max_participations=10)
 
 
-def _arms(task, clients):
+def _arms(task, clients, plan_rounds=200, min_separation=20):
+  # Correlated noise planned for `plan_rounds` rounds, each client every `min_separation`: the
+  # per-round cost is the noise state's buffers (BLT's few; BandMF's bands - 1, its default
+  # bands being min_separation).
+  plan = dict(rounds=plan_rounds, min_separation=min_separation,
+              max_participations=plan_rounds // min_separation)
   m = float(clients)
   weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
   ones = [np.ones(np.shape(w), np.float32) * 0.5 for w in weights.trainable]
@@ -69,10 +74,8 @@ def _arms(task, clients):
                     sgd(0.1)),
       'ftrl': (ours('ftrl'), sgd(0.1)),
       'ftrl_adaptive': (ours('ftrl_adaptive'), sgd(0.1)),
-      # Correlated noise planned for 200 rounds, each client every 20 (the per-round cost is
-      # the buffers': BLT's few, BandMF's bands - 1 = 19).
-      'blt': (ours('blt', **_CORRELATED_PLAN), sgd(0.1)),
-      'bandmf': (ours('bandmf', **_CORRELATED_PLAN), sgd(0.1)),
+      'blt': (ours('blt', **plan), sgd(0.1)),
+      'bandmf': (ours('bandmf', **plan), sgd(0.1)),
       'adadps_client': (ours('adaptive'), adadps_setup.client_optimizer('sgd', 0.1, ones)),
       'adadps_server': (adadps_setup.server_aggregator(ones, ours('adaptive')), sgd(0.1)),
   }
@@ -94,11 +97,12 @@ def _mib(pids, field) -> float:
   return sum(_status_kib(p, field) for p in pids) / 1024
 
 
-def bench_task(name, data_dir, clients, rounds, max_elements=None, memory_rounds=2):
+def bench_task(name, data_dir, clients, rounds, max_elements=None, memory_rounds=2,
+               plan_rounds=200, min_separation=20):
   task = tasks.build_task(name, data_dir, client_batch_size=20,
                           max_elements_per_client=max_elements)
   data = bench_common.first_client_datasets(task, clients)
-  processes = _arms(task, clients)
+  processes = _arms(task, clients, plan_rounds, min_separation)
   states = {k: p.initialize() for k, p in processes.items()}
   peaks = {}
   for k, p in processes.items():  # Warm-up (tracing), then peak memory of `memory_rounds`.
@@ -143,8 +147,10 @@ def ledger_cost(rounds: int = 300) -> dict:
 
 
 # `--smoke`: the smallest settings, which the test suite runs (bench_args).
+# TFF's gaussian_adaptive needs >= 6 clients; BandMF with 4 bands holds 3 model-sized buffers
+# (19 at the default plan).
 SMOKE = ['--rounds=1', '--clients=6', '--tasks=emnist', '--max_elements=20', '--memory_rounds=1',
-         '--ledger_rounds=20']   # TFF's gaussian_adaptive needs >= 6 clients.
+         '--ledger_rounds=20', '--plan_rounds=20', '--min_separation=4']
 
 
 def main():
@@ -158,15 +164,21 @@ def main():
                       help='rounds of each arm whose peak memory is measured')
   parser.add_argument('--ledger_rounds', type=int, default=300,
                       help='rounds of the ledger + accountant cost')
+  parser.add_argument('--plan_rounds', type=int, default=200,
+                      help='rounds the correlated-noise arms (blt, bandmf) are planned for')
+  parser.add_argument('--min_separation', type=int, default=20,
+                      help='rounds between two participations of a client in that plan (BandMF '
+                      'bands: this many, so bands - 1 model-sized buffers)')
   args = bench_args.parse(parser, SMOKE)
   data_dir = os.path.join(tempfile.gettempdir(), 'tff_dp_bench_data')
   print(f'{time.strftime("%Y-%m-%d")}, {platform.machine()}, {os.cpu_count()} cores, '
         f'TFF {tff.__version__}, TF {tf.__version__}; {args.clients} clients/round, median of '
-        f'{args.rounds} interleaved rounds; z={_Z}, clip={_CLIP}')
+        f'{args.rounds} interleaved rounds; z={_Z}, clip={_CLIP}; correlated noise planned for '
+        f'{args.plan_rounds} rounds, each client every {args.min_separation}')
   for name in args.tasks.split(','):
     synthetic_data.ensure_default_cache(data_dir, name)
     times, peaks = bench_task(name, data_dir, args.clients, args.rounds, args.max_elements,
-                              args.memory_rounds)
+                              args.memory_rounds, args.plan_rounds, args.min_separation)
     print(f'\n{name}\n{"arm":<15} {"s/round":>8} {"x plain":>8} {"peak MiB":>9} '
           f'{"round peak above resident MiB":>30}')
     for k, t in times.items():
