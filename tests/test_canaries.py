@@ -363,6 +363,21 @@ def test_interval_of_a_thousand_canaries_covers_the_mechanism_and_needs_no_flag(
   assert (again.low, again.high) == (paper.low, paper.high)
 
 
+def test_an_interval_whose_upper_resamples_are_unbounded_ends_at_infinity_not_nan():
+  """A resample whose canaries all hold one value fits sigma = 0: epsilon inf (a point mass is
+  distinguishable). Of four canaries with three alike, the chance of that is (3/4)^4 + (1/4)^4
+  = 32% per resample, far above the 2.5% tail, so the 95% interval's upper end is infinite.
+  It came out NaN (numpy interpolates inf - inf), and summary.json recorded NaN."""
+  inserted = np.array([0.01, 0.01, 0.01, 0.02])
+  interval = canaries.bootstrap_interval(inserted, DELTA, null=(0.0, 0.01))
+  assert interval.high == math.inf
+  assert math.isfinite(interval.low) and interval.low >= 0.0
+  assert 'unbounded' in interval.too_few_canaries
+  # Every resample unbounded (all four canaries alike): both ends are.
+  alike = canaries.bootstrap_interval(np.full(4, 0.01), DELTA, null=(0.0, 0.01))
+  assert (alike.low, alike.high) == (math.inf, math.inf)
+
+
 def test_too_few_canaries_says_how_many_would_do():
   rng = np.random.default_rng(0)
   weak = rng.normal(0.02, 0.01, size=20)   # Some signal, wide interval.

@@ -59,7 +59,12 @@ def bootstrap_interval(inserted: Any, delta: float, *, unseen: Any = None,
                  None if unseen is None else rng.choice(unseen, unseen.size))
       for _ in range(resamples)])
   tail = (1.0 - confidence) / 2.0
-  low, high = (float(v) for v in np.quantile(values, [tail, 1.0 - tail]))
+  # The estimates are in [0, inf] (inf: a resample whose canaries all hold one value fits
+  # sigma = 0). np.quantile interpolates between neighbours and gives NaN between two infinite
+  # ones, where the percentile is infinite.
+  with np.errstate(invalid='ignore'):
+    ends = np.quantile(values, [tail, 1.0 - tail])
+  low, high = (math.inf if math.isnan(v) else float(v) for v in ends)
   return EstimateInterval(low, high, confidence,
                           _too_few(point, low, high, inserted.size, confidence))
 
