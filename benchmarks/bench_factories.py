@@ -48,7 +48,7 @@ from tff_dp.training import adadps_setup  # noqa: E402
 _Z, _CLIP = 0.5, 1.0
 
 
-def _arms(task, clients, plan_rounds=200, min_separation=20):
+def _arms(task, clients, *, plan_rounds, min_separation):
   # Correlated noise planned for `plan_rounds` rounds, each client every `min_separation`: the
   # per-round cost is the noise state's buffers (BLT's few; BandMF's bands - 1, its default
   # bands being min_separation).
@@ -97,12 +97,12 @@ def _mib(pids, field) -> float:
   return sum(_status_kib(p, field) for p in pids) / 1024
 
 
-def bench_task(name, data_dir, clients, rounds, max_elements=None, memory_rounds=2,
-               plan_rounds=200, min_separation=20):
+def bench_task(name, data_dir, clients, rounds, max_elements=None, memory_rounds=2, *,
+               plan_rounds, min_separation):
   task = tasks.build_task(name, data_dir, client_batch_size=20,
                           max_elements_per_client=max_elements)
   data = bench_common.first_client_datasets(task, clients)
-  processes = _arms(task, clients, plan_rounds, min_separation)
+  processes = _arms(task, clients, plan_rounds=plan_rounds, min_separation=min_separation)
   states = {k: p.initialize() for k, p in processes.items()}
   peaks = {}
   for k, p in processes.items():  # Warm-up (tracing), then peak memory of `memory_rounds`.
@@ -178,7 +178,8 @@ def main():
   for name in args.tasks.split(','):
     synthetic_data.ensure_default_cache(data_dir, name)
     times, peaks = bench_task(name, data_dir, args.clients, args.rounds, args.max_elements,
-                              args.memory_rounds, args.plan_rounds, args.min_separation)
+                              args.memory_rounds, plan_rounds=args.plan_rounds,
+                              min_separation=args.min_separation)
     print(f'\n{name}\n{"arm":<15} {"s/round":>8} {"x plain":>8} {"peak MiB":>9} '
           f'{"round peak above resident MiB":>30}')
     for k, t in times.items():
