@@ -116,3 +116,25 @@ def run_stopped_after(settings: dict, task, name: str, *, resume: bool = False,
       stop.received = signal.SIGTERM   # As the handler records a signal.
   cfg = config_lib.ExperimentConfig.from_settings(settings, experiment_name=name, resume=resume)
   return experiment.run(cfg, task, log=log, stop=stop)
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+  x = (x + 0x9E3779B97F4A7C15) & _MASK64
+  x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+  x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+  return x ^ (x >> 31)
+
+
+def seeded_draw(seed: int, round_num: int, client_id) -> float:
+  """A seeded sampler's uniform for `client_id` in `round_num`, as tff_dp.sampling documents it,
+  in plain Python integers (an oracle independent of its numpy code): SplitMix64 twice of the
+  id's BLAKE2b word XOR the round's SHA-256 word, its top 53 bits."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  word = int.from_bytes(hashlib.blake2b(b'tff_dp.sampling seeded\0' + str(client_id).encode(),
+                                        digest_size=8).digest(), 'big')
+  rnd = int.from_bytes(hashlib.sha256(b'tff_dp.sampling seeded round %d %d'
+                                      % (seed, round_num)).digest()[:8], 'big')
+  return (_splitmix64(_splitmix64(word ^ rnd)) >> 11) * 2.0**-53

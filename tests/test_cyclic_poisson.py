@@ -143,10 +143,25 @@ def test_a_secret_partition_is_saved_and_a_resume_continues_with_it(tag_task, tm
   os.remove(tmp_path / 'keyless' / 'secret' / 'sampling_key')
   with pytest.raises(UserInputError, match='sampling_key is missing'):
     run('keyless', resume=True)
+  # A resume on another population than the recorded one is refused before anything is
+  # written (issue 36, M1).
+  shutil.copytree(tmp_path / 'run', tmp_path / 'moved')
+  (tmp_path / 'moved' / 'secret' / 'population_digest').write_bytes(
+      sampling.population_digest(['someone', 'else']))
+  before = sorted(os.walk(tmp_path / 'moved'))
+  with pytest.raises(UserInputError, match='not the one this run sampled'):
+    run('moved', resume=True)
+  assert sorted(os.walk(tmp_path / 'moved')) == before
   assert run('run', resume=True).rounds_completed == 4
   assert key_file.read_bytes() == key
-  records = ledger_lib.read_ledger(str(tmp_path / 'run' / 'ledger.jsonl'))
+  mac_key = (tmp_path / 'run' / 'secret' / 'ledger_key').read_bytes()
+  records = ledger_lib.read_ledger(str(tmp_path / 'run' / 'ledger.jsonl'), mac_key=mac_key)
   assert [(r.round_num, r.sampling.epoch) for r in records] == [(1, 1), (2, 1), (3, 2), (4, 2)]
+  # Every secret is owner-only, the checkpoints TFF writes included (issue 36, L4).
+  secret_files = [os.path.join(p, f) for p, _, fs in os.walk(tmp_path / 'run' / 'secret')
+                  for f in fs]
+  assert any('checkpoints' in f for f in secret_files)
+  assert {stat.S_IMODE(os.stat(f).st_mode) for f in secret_files} == {0o600}
 
 
 @pytest.mark.parametrize('extra, message', [

@@ -1,7 +1,7 @@
 """What a run's epsilon covers, and a resumed run being the same run (issue 12).
 
 Oracles are independent of the code under test: dp_accounting composed directly in the test,
-numpy's generator for seeded samples, and literal lists of what may be written.
+a plain-Python reading of the documented seeded draw, and literal lists of what may be written.
 """
 
 import json
@@ -23,6 +23,7 @@ from tff_dp.training import experiment
 from run_helpers import metrics_rows
 from run_helpers import script
 from run_helpers import script_env
+from run_helpers import seeded_draw
 
 POPULATION = 20
 
@@ -104,8 +105,8 @@ def test_run_samples_are_not_recomputable_from_its_seed(task, tmp_path):
     with open(os.path.join(summary.run_dir, 'summary.json')) as f:
       return [int(r['num_clients']) for r in metrics_rows(summary.run_dir)], json.load(f)
 
-  def predicted(seed):   # What anyone holding a seed computes (numpy, not our sampler).
-    return [int(np.sum(np.random.default_rng([seed, r]).random(POPULATION) < 5 / POPULATION))
+  def predicted(seed):   # What anyone holding a seed computes (plain Python, not our sampler).
+    return [sum(seeded_draw(seed, r, c) < 5 / POPULATION for c in task.train_data.client_ids)
             for r in range(1, 9)]
 
   secret_sizes, secret_summary = observed('secret')
@@ -123,9 +124,10 @@ def test_run_samples_are_not_recomputable_from_its_seed(task, tmp_path):
 
 def test_empty_rounds_are_noised_and_recorded(task, tmp_path):
   q = 1 / POPULATION
-  seed = next(s for s in range(1000)   # A seed whose round 2 draws nobody (numpy oracle).
-              if not np.any(np.random.default_rng([s, 2]).random(POPULATION) < q)
-              and np.any(np.random.default_rng([s, 1]).random(POPULATION) < q))
+  ids = task.train_data.client_ids
+  seed = next(s for s in range(1000)   # A seed whose round 2 draws nobody (plain-Python oracle).
+              if not any(seeded_draw(s, 2, c) < q for c in ids)
+              and any(seeded_draw(s, 1, c) < q for c in ids))
   summary, lines = _run(task, tmp_path, 'empty', clients_per_round=1, total_rounds=4,
                         sampling_seed=seed, rounds_per_eval=1)
   records = ledger_lib.read_ledger(os.path.join(summary.run_dir, 'ledger.jsonl'))

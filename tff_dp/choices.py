@@ -38,9 +38,6 @@ TREE_DP_KINDS = ('ftrl', 'ftrl_adaptive')
 # participation (tff_dp.accounting.correlated); the calibration names them the same.
 CORRELATED_DP_KINDS = ('blt', 'bandmf')
 CORRELATED_NOISE_MECHANISMS = {k: DP_KINDS[k] for k in CORRELATED_DP_KINDS}
-# The sampling the accountant analyses each kind of noise with.
-SAMPLERS_FOR_NOISE = {'independent': ('poisson', 'fixed_size'), 'tree': ('shuffled',),
-                      'correlated': ('min_separation', 'cyclic_poisson')}
 # The correlated-noise kinds cyclic Poisson sampling amplifies (Choquette-Choo et al. 2023,
 # Theorem 4: a banded strategy whose bands never span two participations of a client).
 AMPLIFIED_DP_KINDS = ('bandmf',)
@@ -78,11 +75,13 @@ CLIENT_SAMPLERS = {
     'min_separation': 'one secret permutation of the population cut into N // clients_per_round '
                       'blocks visited cyclically: each client every N // clients_per_round '
                       'rounds (correlated-noise DP-FTRL: `dp=blt|bandmf`)',
-    'cyclic_poisson': 'a secret partition of the population into `bands` groups visited '
-                      'cyclically; in its group\'s round each client independently with q = '
-                      'clients_per_round x bands / population (amplified BandMF: `dp=bandmf`)',
+    'cyclic_poisson': 'each client draws one of `bands` groups independently from a secret '
+                      'key; the groups are visited cyclically, and in its group\'s round each '
+                      'client is sampled independently with q = clients_per_round x bands / '
+                      'population (amplified BandMF: `dp=bandmf`)',
 }
-# Samplings that block or cycle a secret permutation (a key kept under secret/ on resume).
+# Samplings whose schedule is a secret key's (a keyed permutation, or cyclic Poisson's groups),
+# kept under secret/ for resume.
 PERMUTATION_SAMPLERS = ('shuffled', 'min_separation', 'cyclic_poisson')
 
 # `weighting`: client weights in the average.

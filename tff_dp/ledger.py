@@ -16,7 +16,11 @@ part of `RoundRecord`) and `sha256` the SHA-256 of the canonical JSON of `{"reco
 "schema_version": 2, "seq": n}`. Floats are written as the shortest repr that reads back as
 the same float64 (float32 values from TF are stored as their exact float64 value).
 Version-1 lines (no `seq`) are still read. The checksums detect accidents (a truncated, edited
-or reordered line), not forgery: anyone who can write the file can recompute them.
+or reordered line), not forgery: anyone who can write the file can recompute them. Against
+forgery a run also writes `"hmac": "<hex>"`, HMAC-SHA256 of the same canonical body under a
+secret key the run keeps in secret/ledger_key (`new_mac_key`); a reader given the key
+(`read_ledger(path, mac_key=...)`, `python -m tff_dp.accounting --ledger_key`) refuses a line
+whose MAC is missing or wrong, so an edited line with a recomputed checksum is caught.
 
 Each line is written with a single `os.write` on an O_APPEND descriptor followed by `fsync`,
 so a crash can at worst leave one partial last line (no trailing newline). Readers never skip
@@ -36,6 +40,7 @@ so their rounds must be exactly 1, 2, 3, ... and they cannot follow version-2 li
 import dataclasses
 import datetime
 import hashlib
+import hmac
 import json
 import math
 import operator
@@ -329,24 +334,40 @@ def _canonical(obj: Any) -> str:
                     ensure_ascii=True)
 
 
-def encode_record(record: RoundRecord, seq: int) -> bytes:
+MAC_KEY_BYTES = 32
+
+
+def new_mac_key() -> bytes:
+  """A new secret key for the ledger's MACs (32 bytes from the OS)."""
+  return os.urandom(MAC_KEY_BYTES)
+
+
+def _mac(key: bytes, canonical_body: str) -> str:
+  return hmac.new(key, canonical_body.encode('utf-8'), hashlib.sha256).hexdigest()
+
+
+def encode_record(record: RoundRecord, seq: int, mac_key: Optional[bytes] = None) -> bytes:
   """Returns the self-validating ledger line (with trailing newline) for `record`.
 
   `seq` is the 1-based line number the line will have in the ledger (`PrivacyLedger.append`
-  stamps it; `read_ledger` rejects a line whose seq differs from its position).
+  stamps it; `read_ledger` rejects a line whose seq differs from its position). With
+  `mac_key` the line also carries its HMAC-SHA256 (the module docstring).
   """
   seq = _as_int(seq, 'seq', 1)
   body = {'record': record.to_json(), 'schema_version': SCHEMA_VERSION, 'seq': seq}
-  digest = hashlib.sha256(_canonical(body).encode('utf-8')).hexdigest()
-  return (_canonical(dict(body, sha256=digest)) + '\n').encode('utf-8')
+  canonical = _canonical(body)
+  line = dict(body, sha256=hashlib.sha256(canonical.encode('utf-8')).hexdigest())
+  if mac_key is not None:
+    line['hmac'] = _mac(mac_key, canonical)
+  return (_canonical(line) + '\n').encode('utf-8')
 
 
-def decode_line(line: bytes, line_num: int,
-                path: str = '<ledger>') -> Tuple[RoundRecord, Optional[int]]:
+def decode_line(line: bytes, line_num: int, path: str = '<ledger>',
+                mac_key: Optional[bytes] = None) -> Tuple[RoundRecord, Optional[int]]:
   """Parses and verifies one complete ledger line; raises LedgerError naming the line.
 
-  Returns (record, seq), seq None for a version-1 line. Only checksum and schema are checked
-  here; the order of lines is checked by `read_ledger`.
+  Returns (record, seq), seq None for a version-1 line. Only checksum, MAC (when `mac_key`
+  is given) and schema are checked here; the order of lines is checked by `read_ledger`.
   """
   where = f'{path} line {line_num}'
   try:
@@ -362,7 +383,7 @@ def decode_line(line: bytes, line_num: int,
     raise LedgerError(f'{where}: not a ledger line (expected keys record, schema_version, '
                       'seq, sha256).')
   body_keys = {'record', 'schema_version'} | ({'seq'} if version >= 2 else set())
-  if set(obj) != body_keys | {'sha256'}:
+  if set(obj) - {'hmac'} != body_keys | {'sha256'}:
     raise LedgerError(f'{where}: not a schema_version {version} ledger line (keys '
                       f'{sorted(obj)}, expected {sorted(body_keys | {"sha256"})}).')
   body = {k: obj[k] for k in body_keys}
@@ -372,6 +393,11 @@ def decode_line(line: bytes, line_num: int,
     raise LedgerError(f'{where}: invalid value ({e}).') from None
   if digest != obj['sha256']:
     raise LedgerError(f'{where}: checksum mismatch; the line was edited or corrupted.')
+  if mac_key is not None and not (isinstance(obj.get('hmac'), str) and hmac.compare_digest(
+      obj['hmac'], _mac(mac_key, _canonical(body)))):
+    raise LedgerError(f'{where}: its MAC is missing or wrong under the given key: the line was '
+                      'forged (edited with a recomputed checksum), or the key is not this '
+                      'ledger\'s.')
   seq = obj.get('seq')
   if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool)):
     raise LedgerError(f'{where}: seq must be a JSON integer, got {seq!r}.')
@@ -393,7 +419,8 @@ def _check_round_order(round_num: int, prev_round: int, where: str) -> None:
         'go up by one (or go back to re-execute a round after a resume), never skip a round.')
 
 
-def _decode_ledger(lines: Sequence[bytes], path: str) -> List[RoundRecord]:
+def _decode_ledger(lines: Sequence[bytes], path: str,
+                   mac_key: Optional[bytes] = None) -> List[RoundRecord]:
   """Decodes complete ledger lines and checks their order (see the module docstring).
 
   The one place where a whole ledger is validated: `read_ledger` and `PrivacyLedger` use it.
@@ -402,7 +429,7 @@ def _decode_ledger(lines: Sequence[bytes], path: str) -> List[RoundRecord]:
   prev_round = 0
   seen_seq = False
   for line_num, line in enumerate(lines, 1):
-    record, seq = decode_line(line, line_num, path)
+    record, seq = decode_line(line, line_num, path, mac_key)
     where = f'{path} line {line_num}'
     if seq is None:  # Version 1: no seq, so the rounds themselves must be 1, 2, 3, ...
       if seen_seq:
@@ -446,8 +473,9 @@ def _read_bytes(path: str) -> bytes:
     raise LedgerError(f'Cannot read ledger file {path}: {e.strerror or e}.') from None
 
 
-def read_ledger(path: str) -> List[RoundRecord]:
-  """Reads every record of the ledger at `path`, in file order.
+def read_ledger(path: str, mac_key: Optional[bytes] = None) -> List[RoundRecord]:
+  """Reads every record of the ledger at `path`, in file order (every line's MAC verified
+  under `mac_key` when given).
 
   Raises LedgerError naming the 1-based line number of the first truncated (no trailing
   newline), edited (checksum mismatch), empty, schema-invalid or out-of-order (deleted,
@@ -455,7 +483,7 @@ def read_ledger(path: str) -> List[RoundRecord]:
   """
   data = _read_bytes(path)
   lines, tail = _split_complete_lines(data)
-  records = _decode_ledger(lines, path)
+  records = _decode_ledger(lines, path, mac_key)
   if tail:
     raise LedgerError(
         f'{path} line {len(lines) + 1}: truncated line ({len(tail)} bytes, no trailing '
@@ -540,11 +568,13 @@ class PrivacyLedger:
   which moves the partial line aside with `repair_truncated_tail(path)` (never silently
   dropped). `append` stamps each line with its seq (num_records + 1) and refuses a record
   whose round number would break the order `read_ledger` checks. Use as a context manager
-  or call `close()`.
+  or call `close()`. With `mac_key` every existing line's MAC is verified and every appended
+  line carries one.
   """
 
-  def __init__(self, path: str, repair: bool = False):
+  def __init__(self, path: str, repair: bool = False, mac_key: Optional[bytes] = None):
     self.path = path
+    self._mac_key = mac_key
     self.repaired_to = None  # Path of the moved partial line, if a repair happened.
     self._fd = None
     if os.path.exists(path):
@@ -557,7 +587,7 @@ class PrivacyLedger:
               'Reopen with repair=True (or call '
               'tff_dp.ledger.repair_truncated_tail) to move it to '
               f'{path}.corrupt-<timestamp>.')
-      records = _decode_ledger(lines, path)
+      records = _decode_ledger(lines, path, mac_key)
       if tail:
         self.repaired_to = repair_truncated_tail(path)
       self._num_records = len(records)
@@ -584,7 +614,7 @@ class PrivacyLedger:
       raise LedgerError(f'append expects a RoundRecord, got {type(record).__name__}.')
     seq = self._num_records + 1
     _check_round_order(record.round_num, self._last_round, f'{self.path} line {seq}')
-    line = encode_record(record, seq)
+    line = encode_record(record, seq, self._mac_key)
     view = memoryview(line)
     while view:  # os.write on a regular file writes everything; loop for safety.
       written = os.write(self._fd, view)

@@ -7,9 +7,16 @@ which clients a round used. By default (`seed=None`) every round's draw therefor
 the operating system's CSPRNG (`os.urandom`): nothing in the run's outputs, config or
 checkpoints lets anyone recompute a sample, and a resumed run simply draws fresh samples for
 the rounds it (re-)executes (each execution is its own ledger record). With an explicit
-integer `seed`, round r's draw is `np.random.default_rng([seed, r])`: reproducible simulations
+integer `seed`, round r's draw is a function of (seed, r, client id): reproducible simulations
 and resume, but whoever holds the seed knows every round's membership (the run's privacy
 statement says so).
+
+Every draw is keyed on client ids, never on positions in the population list: a client's
+seeded draws, its place in a keyed permutation and its cyclic-Poisson group are functions of
+the key (or seed) and its own id. So adding or removing one client leaves every other
+client's seeded draws and group unchanged (what the add/remove claims need against a seed
+holder, `tff_dp.accounting.claims`), and a population other than the recorded one is caught by
+its digest (`population_digest`) instead of silently reshuffling a schedule.
 
 A sampler draws each round once: `sample(r)` called again for the same round (the loop
 prefetches round r+1's clients while round r runs) returns the same clients.
@@ -28,16 +35,18 @@ Accounting each sampler maps to (see `tff_dp.accounting.accountant`):
     Unlike the others it must draw the same permutation again when a resumed run re-executes
     rounds of an epoch (or clients would participate twice in it), so its randomness is a
     secret key (32 bytes from the OS unless seeded) that a run keeps beside its checkpoints.
-  * `MinSeparationSampler` (one secret permutation, its blocks visited cyclically) and
-    `CyclicPoissonSampler` (a secret partition into groups visited cyclically, Poisson within
-    the group) -> correlated-noise DP-FTRL only (`tff_dp.accounting.correlated`); keys as
-    `ShuffledSampler`'s.
+  * `MinSeparationSampler` (one secret permutation, its blocks visited cyclically) ->
+    correlated-noise DP-FTRL under zero-out (its blocks have a fixed size: an added client
+    would shift others between rounds), and `CyclicPoissonSampler` (each client's group drawn
+    independently from a secret key, the groups visited cyclically, Poisson within the group)
+    -> amplified BandMF under add/remove (`tff_dp.accounting.correlated`); keys as
+    `ShuffledSampler`'s. Which relation each pair is proven under is the claim table's
+    (`tff_dp.accounting.claims`).
 """
 
 import hashlib
 import operator
 import os
-import struct
 from typing import Hashable, List, Optional, Sequence
 
 import numpy as np
@@ -93,14 +102,40 @@ def _check_sample_size(sample_size, population: int) -> int:
   return int(m)
 
 
+def _unit_floats(words: np.ndarray) -> np.ndarray:
+  """uint64 words as floats in [0, 1) with 53 random bits each."""
+  return (words >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def _id_bytes(client_ids: Sequence[Hashable]) -> List[bytes]:
+  """What keyed draws hash of each client: its id as text (as `hold_out` does)."""
+  return [str(cid).encode('utf-8') for cid in client_ids]
+
+
+def _keyed_words(key: bytes, tag: bytes, ids: Sequence[bytes]) -> np.ndarray:
+  """One uint64 per client: keyed BLAKE2b of (tag, id), unpredictable without the key."""
+  return np.array([int.from_bytes(hashlib.blake2b(tag + b'\0' + i, key=key,
+                                                  digest_size=8).digest(), 'big')
+                   for i in ids], dtype=np.uint64)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+  """SplitMix64's finalizer (a bijection of uint64 that mixes every input bit into every
+  output bit), vectorized; arrays wrap around modulo 2^64."""
+  x = (x + np.uint64(0x9E3779B97F4A7C15)) & np.uint64(0xFFFFFFFFFFFFFFFF)
+  x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+  x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+  return x ^ (x >> np.uint64(31))
+
+
 class _SecretRandomness:
   """Uniform draws from the OS CSPRNG (a CSPRNG because the draws are what must stay secret:
-  numpy's generators are predictable from their outputs, `os.urandom` is not)."""
+  numpy's generators are predictable from their outputs, `os.urandom` is not). Fresh draws
+  are i.i.d., so which client gets which draw does not matter."""
 
-  def uniform(self, n: int) -> np.ndarray:
-    """n floats in [0, 1) with 53 random bits each."""
-    words = np.frombuffer(os.urandom(8 * n), dtype=np.uint64)
-    return (words >> np.uint64(11)).astype(np.float64) * 2.0**-53
+  def uniform(self, indices: np.ndarray) -> np.ndarray:
+    """One float in [0, 1) with 53 random bits per client index."""
+    return _unit_floats(np.frombuffer(os.urandom(8 * len(indices)), dtype=np.uint64))
 
   def choice(self, n: int, m: int) -> np.ndarray:
     """m distinct indices of range(n), uniformly: the m smallest of n i.i.d. random keys."""
@@ -109,16 +144,22 @@ class _SecretRandomness:
 
 
 class _SeededRandomness:
-  """Reproducible draws: round r uses `np.random.default_rng([seed, r])` (no state to keep)."""
+  """Reproducible draws keyed on client ids: client i's draw in round r is SplitMix64 of its
+  id's hash mixed with a hash of (seed, r) (no state to keep). Not secret (the seed gives
+  every draw away), so a fast mixer is enough; what matters is that a client's draw depends
+  on no other client."""
 
-  def __init__(self, seed: int, round_num: int):
-    self._rng = np.random.default_rng([seed, round_num])
+  def __init__(self, seed: int, round_num: int, id_hashes: np.ndarray):
+    digest = hashlib.sha256(b'tff_dp.sampling seeded round %d %d' % (seed, round_num)).digest()
+    self._round = np.uint64(int.from_bytes(digest[:8], 'big'))
+    self._id_hashes = id_hashes
 
-  def uniform(self, n: int) -> np.ndarray:
-    return self._rng.random(n)
+  def uniform(self, indices: np.ndarray) -> np.ndarray:
+    return _unit_floats(_splitmix64(_splitmix64(self._id_hashes[indices] ^ self._round)))
 
   def choice(self, n: int, m: int) -> np.ndarray:
-    return self._rng.choice(n, m, replace=False)
+    """The m clients of smallest draw: adding a client displaces at most one other."""
+    return np.argsort(self.uniform(np.arange(n)), kind='stable')[:m]
 
 
 class _Sampler:
@@ -131,6 +172,7 @@ class _Sampler:
     self.client_ids = _check_population(client_ids)
     self.seed = _check_seed(seed)
     self._drawn: dict[int, list] = {}
+    self._id_hashes: Optional[np.ndarray] = None   # Seeded draws' per-client words.
 
   @property
   def secret(self) -> bool:
@@ -142,12 +184,17 @@ class _Sampler:
     round_num = _non_negative_int(round_num, 'round_num')
     if round_num not in self._drawn:
       randomness = (_SecretRandomness() if self.seed is None
-                    else _SeededRandomness(self.seed, round_num))
+                    else _SeededRandomness(self.seed, round_num, self._seeded_words()))
       idx = np.sort(self._draw(randomness, round_num))
       self._drawn[round_num] = [self.client_ids[i] for i in idx]
       for old in [r for r in self._drawn if r < round_num - 1]:
         del self._drawn[old]   # Only the current and the prefetched round are kept.
     return list(self._drawn[round_num])
+
+  def _seeded_words(self) -> np.ndarray:
+    if self._id_hashes is None:
+      self._id_hashes = _keyed_words(b'', b'tff_dp.sampling seeded', _id_bytes(self.client_ids))
+    return self._id_hashes
 
   def _draw(self, randomness, round_num: int) -> np.ndarray:
     """Indices (into `client_ids`) of round `round_num`'s clients, from `randomness`."""
@@ -168,7 +215,8 @@ class PoissonSampler(_Sampler):
 
   def _draw(self, randomness, round_num: int) -> np.ndarray:
     del round_num   # Every round alike.
-    return np.flatnonzero(randomness.uniform(len(self.client_ids)) < self.probability)
+    everyone = np.arange(len(self.client_ids))
+    return np.flatnonzero(randomness.uniform(everyone) < self.probability)
 
   def sampling_event(self, round_num: Optional[int] = None) -> ledger.SamplingEvent:
     del round_num   # The same every round.
@@ -215,35 +263,40 @@ def _epoch(round_num: int, rounds_per_epoch: int) -> int:
   return (round_num - 1) // rounds_per_epoch + 1
 
 
+def _derived_key(seed: Optional[int], key: Optional[bytes]) -> bytes:
+  """The permutation samplers' key: `key`, or derived from `seed`, or 32 new bytes."""
+  if seed is not None and key is not None:
+    raise errors.UserInputError('give a sampling seed or a key, not both.')
+  if seed is not None:
+    key = hashlib.sha256(b'tff_dp.sampling.ShuffledSampler seed %d' % seed).digest()
+  elif key is None:
+    key = os.urandom(KEY_BYTES)
+  if not isinstance(key, bytes) or len(key) != KEY_BYTES:
+    raise errors.UserInputError(f'the shuffling key must be {KEY_BYTES} bytes.')
+  return key
+
+
 class _KeyedPermutations:
-  """One pseudorandom order of n clients per epoch, a function of a secret 32-byte key.
+  """One pseudorandom order of the clients per epoch, a function of a secret 32-byte key.
 
-  Epoch e's permutation sorts the clients by keyed BLAKE2b values of (e, position): nobody
+  Epoch e's permutation sorts the clients by keyed BLAKE2b values of (e, client id): nobody
   without the key can predict an epoch's order from others' (numpy's generators would be
-  predictable from their outputs), and the same key gives the same orders after a resume.
-  `key` None draws 32 bytes from the OS (persist `key` to resume); an integer `seed` derives
-  the key from it (reproducible, not secret from whoever holds the seed)."""
+  predictable from their outputs), the same key gives the same orders after a resume, and a
+  client's value does not depend on the other clients. `key` None draws 32 bytes from the OS
+  (persist `key` to resume); an integer `seed` derives the key from it (reproducible, not
+  secret from whoever holds the seed)."""
 
-  def __init__(self, n: int, seed: Optional[int], key: Optional[bytes]):
-    if seed is not None and key is not None:
-      raise errors.UserInputError('give a sampling seed or a key, not both.')
-    if seed is not None:
-      key = hashlib.sha256(b'tff_dp.sampling.ShuffledSampler seed %d' % seed).digest()
-    elif key is None:
-      key = os.urandom(KEY_BYTES)
-    if not isinstance(key, bytes) or len(key) != KEY_BYTES:
-      raise errors.UserInputError(f'the shuffling key must be {KEY_BYTES} bytes.')
-    self.n, self.key = n, key
+  def __init__(self, client_ids: Sequence[Hashable], seed: Optional[int],
+               key: Optional[bytes]):
+    self.key = _derived_key(seed, key)
+    self._ids = _id_bytes(client_ids)
     self._epoch: Optional[int] = None
     self._permutation: Optional[np.ndarray] = None
 
   def __call__(self, epoch: int) -> np.ndarray:
     """Epoch `epoch`'s order (indices into the population); the last epoch's is kept."""
     if epoch != self._epoch:
-      stream = b''.join(
-          hashlib.blake2b(struct.pack('>QQ', epoch, j), key=self.key, digest_size=64).digest()
-          for j in range(-(-self.n // 8)))
-      values = np.frombuffer(stream, dtype='>u8')[:self.n]
+      values = _keyed_words(self.key, b'epoch %d' % epoch, self._ids)
       self._epoch, self._permutation = epoch, np.argsort(values, kind='stable')
     return self._permutation
 
@@ -265,7 +318,7 @@ class ShuffledSampler:
     self.client_ids = _check_population(client_ids)
     self.sample_size = _check_sample_size(sample_size, len(self.client_ids))
     self.seed = _check_seed(seed)
-    self._permutations = _KeyedPermutations(len(self.client_ids), self.seed, key)
+    self._permutations = _KeyedPermutations(self.client_ids, self.seed, key)
     self.key = self._permutations.key
     self.rounds_per_epoch = rounds_per_epoch(len(self.client_ids), self.sample_size)
 
@@ -323,15 +376,18 @@ class MinSeparationSampler(ShuffledSampler):
 
 
 class CyclicPoissonSampler(_Sampler):
-  """One secret permutation of the population dealt into `groups` groups (client at position
-  j of the permutation is in group j % groups); round r visits group (r - 1) % groups and
-  includes each of its clients independently with `probability` (may return no client). So a
-  client can only participate every `groups` rounds, at most once per cycle: the sampling of
-  amplified BandMF (Choquette-Choo et al. 2023, Theorem 4), `groups` = the strategy's bands.
+  """Every client draws its group independently and uniformly among `groups` (balls into
+  bins: keyed BLAKE2b of its id modulo `groups`, a bias below groups / 2^64); round r visits
+  group (r - 1) % groups and includes each of its clients independently with `probability`
+  (may return no client). So a client can only participate every `groups` rounds, at most
+  once per cycle: the sampling of amplified BandMF (Choquette-Choo et al. 2023, Theorem 4),
+  `groups` = the strategy's bands. Adding a client moves no other client between groups (an
+  equal split by rank would: then only zero-out holds), which is what its add/remove claim
+  needs (`tff_dp.accounting.claims`; jax_privacy's PartitionType.INDEPENDENT).
 
-  The partition is a secret key's (`_KeyedPermutations`, kept beside the checkpoints as
-  `ShuffledSampler`'s); each round's Poisson draw is `_Sampler`'s, from OS randomness or from
-  the seed. `epoch(r)` is the cycle of round r."""
+  The partition is a secret key's (kept beside the checkpoints as `ShuffledSampler`'s); each
+  round's Poisson draw is `_Sampler`'s, from OS randomness or from the seed. `epoch(r)` is the
+  cycle of round r."""
 
   def __init__(self, client_ids: Sequence[Hashable], groups: int, probability: float,
                seed: Optional[int] = None, key: Optional[bytes] = None):
@@ -342,8 +398,9 @@ class CyclicPoissonSampler(_Sampler):
           f'groups must be in [1, {len(self.client_ids)}] (the population), got {groups}.')
     self.groups = self.rounds_per_epoch = groups
     self.probability = _check_probability(probability)
-    self._partition = _KeyedPermutations(len(self.client_ids), self.seed, key)
-    self.key = self._partition.key
+    self.key = _derived_key(self.seed, key)
+    words = _keyed_words(self.key, b'group', _id_bytes(self.client_ids))
+    self._group = (words % np.uint64(groups)).astype(np.int64)
 
   @property
   def expected_clients_per_round(self) -> float:
@@ -356,11 +413,11 @@ class CyclicPoissonSampler(_Sampler):
   def members(self, round_num: int) -> np.ndarray:
     """Indices (into `client_ids`) of the group round `round_num` visits."""
     self.epoch(round_num)   # Checks round_num.
-    return self._partition(1)[(round_num - 1) % self.groups::self.groups]
+    return np.flatnonzero(self._group == (round_num - 1) % self.groups)
 
   def _draw(self, randomness, round_num: int) -> np.ndarray:
     group = self.members(round_num)
-    return group[randomness.uniform(len(group)) < self.probability]
+    return group[randomness.uniform(group) < self.probability]
 
   def sampling_event(self, round_num: int) -> ledger.SamplingEvent:
     return ledger.SamplingEvent(kind='cyclic_poisson', population_size=len(self.client_ids),
@@ -390,6 +447,16 @@ def hold_out(client_ids: Sequence[Hashable], count: int, key: bytes
   chosen = set(np.argsort(np.array(values, dtype=object), kind='stable')[:count].tolist())
   return ([c for i, c in enumerate(ids) if i in chosen],
           [c for i, c in enumerate(ids) if i not in chosen])
+
+
+def population_digest(client_ids: Sequence[Hashable]) -> bytes:
+  """SHA-256 of the population's ids (their text, sorted, each length-prefixed): what a resume
+  compares with the recorded population (`KEY_BYTES` long, kept like a key under secret/). A
+  function of the set of ids, not their order."""
+  digest = hashlib.sha256(b'tff_dp.sampling population')
+  for i in sorted(_id_bytes(_check_population(client_ids))):
+    digest.update(len(i).to_bytes(8, 'big') + i)
+  return digest.digest()
 
 
 def load_key(path: str, what: str = 'shuffling key') -> Optional[bytes]:

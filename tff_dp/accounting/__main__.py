@@ -40,18 +40,23 @@ from tff_dp import choices
 from tff_dp import cli_flags
 from tff_dp import errors
 from tff_dp import ledger
+from tff_dp.accounting import claims
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_string('ledger', None, 'Path of a ledger.jsonl to replay (curve mode).',
                     flag_values=FLAGS)
+flags.DEFINE_string('ledger_key', None, 'With --ledger: the run\'s secret/ledger_key; every '
+                    'line\'s MAC is verified with it, so a forged line (edited, its checksum '
+                    'recomputed) is refused.', flag_values=FLAGS)
 flags.DEFINE_float('delta', None, 'Target delta, in (0, 1). Required.', flag_values=FLAGS)
 flags.DEFINE_enum('method', 'both', ['rdp', 'pld', 'both'],
                   'Accountant(s) to use. Calibration uses rdp when "both".', flag_values=FLAGS)
 flags.DEFINE_enum('neighboring', None, ['add_remove', 'replace_one', 'replace_special'],
                   'Neighbouring relation. add_remove: Poisson exact, fixed-size approximated '
                   'as Poisson(m/N). replace_one: fixed-size sampling only, RDP only. '
-                  'replace_special: tree aggregation (DP-FTRL) only, RDP only. Default: '
-                  'replace_special for tree ledgers and --mechanism=tree, else add_remove.',
+                  'replace_special (zero-out): tree aggregation (DP-FTRL) and correlated noise '
+                  'under min separation. Default: the relation the ledger\'s claim is proven '
+                  'under (docs/PRIVACY.md, "Claims"); another is refused.',
                   flag_values=FLAGS)
 flags.DEFINE_enum('mechanism', 'gaussian',
                   ['gaussian', 'tree'] + list(choices.CORRELATED_NOISE_MECHANISMS),
@@ -119,7 +124,17 @@ def _fmt(x):
 def _curve() -> None:
   from tff_dp.accounting import accountant  # pylint: disable=g-import-not-at-top
   methods = tuple(choices.ACCOUNTANTS) if FLAGS.method == 'both' else (FLAGS.method,)
-  records = ledger.read_ledger(cli_flags.path(FLAGS.ledger))
+  mac_key = None
+  if FLAGS.ledger_key is not None:
+    from tff_dp import sampling  # pylint: disable=g-import-not-at-top
+    try:
+      mac_key = sampling.load_key(cli_flags.path(FLAGS.ledger_key), what='ledger key')
+    except OSError as e:
+      raise errors.UserInputError(f'--ledger_key {FLAGS.ledger_key}: {e.strerror or e}.') \
+          from None
+    if mac_key is None:
+      raise errors.UserInputError(f'--ledger_key {FLAGS.ledger_key} does not exist.')
+  records = ledger.read_ledger(cli_flags.path(FLAGS.ledger), mac_key=mac_key)
   if not records:
     raise errors.UserInputError(f'--ledger {FLAGS.ledger} holds no round: nothing to account.')
 
@@ -160,7 +175,8 @@ def _calibrate_amplified() -> None:
   print(f'noise_multiplier={z!r}')
   print('\n'.join(correlated.describe(found)))
   print(f'epsilon={correlated.amplified_epsilon(q, z, cycles, FLAGS.delta, method)!r} '
-        f'delta={FLAGS.delta!r} rounds={FLAGS.rounds} method={method} neighboring=add_remove '
+        f'delta={FLAGS.delta!r} rounds={FLAGS.rounds} method={method} '
+        f'neighboring={claims.claim("correlated", "cyclic_poisson").relation} '
         f'sampling=cyclic_poisson(q={q!r}, {FLAGS.bands} groups, {cycles} cycles)')
 
 
@@ -186,7 +202,8 @@ def _calibrate_correlated() -> None:
   print(f'noise_multiplier={z!r}')
   print('\n'.join(correlated.describe(found)))
   print(f'epsilon={correlated.gaussian_epsilon(z, FLAGS.delta, method)!r} '
-        f'delta={FLAGS.delta!r} rounds={FLAGS.rounds} method={method} neighboring=add_remove '
+        f'delta={FLAGS.delta!r} rounds={FLAGS.rounds} method={method} '
+        f'neighboring={claims.claim("correlated", "min_separation").relation} '
         f'participation=min_separation({FLAGS.min_separation}, at most '
         f'{FLAGS.max_participations})')
 
@@ -273,6 +290,9 @@ def main(argv) -> int:
     if (FLAGS.ledger is None) == (FLAGS.target_epsilon is None):
       raise errors.UserInputError('give exactly one of --ledger (epsilon curve) or '
                                   '--target_epsilon (calibration).')
+    if FLAGS.ledger_key is not None and FLAGS.ledger is None:
+      raise errors.UserInputError('--ledger_key verifies the ledger given with --ledger; give '
+                                  'both.')
     if FLAGS.ledger is not None:
       _curve()
     else:

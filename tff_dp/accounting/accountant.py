@@ -23,6 +23,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from tff_dp import choices
 from tff_dp import errors
 from tff_dp import ledger
+from tff_dp.accounting import claims
 from tff_dp.accounting import correlated_rounds
 from tff_dp.accounting.delta import check_delta
 from tff_dp.accounting.delta import suggested_delta  # pylint: disable=unused-import
@@ -64,9 +65,10 @@ def population_of(records: Sequence[ledger.RoundRecord]) -> Optional[int]:
 
 
 def default_relation(records: Sequence[ledger.RoundRecord]) -> str:
-  """The relation a ledger is accounted under by default: TREE_RELATION for tree-aggregation
-  ledgers (the only one they support), 'add_remove' otherwise."""
-  return TREE_RELATION if any(r.tree_leaf is not None for r in records) else 'add_remove'
+  """The relation a ledger is accounted under by default: its claim's (`claims`: the
+  relation of the run's per-round epsilon columns); 'add_remove' for an empty ledger."""
+  found = claims.claim_for_records(records)
+  return found.columns_relation if found is not None else 'add_remove'
 
 
 class LedgerAccountant:
@@ -75,14 +77,16 @@ class LedgerAccountant:
   Args:
     delta: target delta in (0, 1).
     methods: subset of ('rdp', 'pld').
-    neighboring_relation: 'add_remove', 'replace_one' or 'replace_special' (`events`).
+    neighboring_relation: 'add_remove', 'replace_one' or 'replace_special' (`events`); None
+      (default): the claim of the ledger's first record (`claims`), the relation its proof
+      supports. A relation the claim does not support is refused.
     rdp_orders: RDP orders (default dp_accounting's DEFAULT_RDP_ORDERS).
     pld_value_discretization_interval: PLD grid (default 1e-4, dp_accounting's default).
     pld_every: `epsilon()` reports PLD only every `pld_every` records (see `epsilon`).
   """
 
   def __init__(self, delta: float, methods: Sequence[str] = METHODS,
-               neighboring_relation: str = 'add_remove',
+               neighboring_relation: Optional[str] = None,
                rdp_orders: Optional[Sequence[float]] = None,
                pld_value_discretization_interval: float = DEFAULT_PLD_DISCRETIZATION,
                pld_every: int = 1):
@@ -92,7 +96,8 @@ class LedgerAccountant:
     self.pld_every = pld_every
     self.methods = check_methods(methods)
     self.neighboring_relation = neighboring_relation
-    check_relation(neighboring_relation)
+    if neighboring_relation is not None:
+      check_relation(neighboring_relation)
     self._orders = tuple(float(o) for o in (
         rdp_orders if rdp_orders is not None else rdp_privacy_accountant.DEFAULT_RDP_ORDERS))
     self._pld_discretization = pld_value_discretization_interval
@@ -100,6 +105,7 @@ class LedgerAccountant:
     self._composed = _Composed()
     self._num_records = 0
     self._account: Optional[mechanism_account.MechanismAccount] = None
+    self._population: Optional[int] = None
 
   @property
   def num_records(self) -> int:
@@ -140,9 +146,19 @@ class LedgerAccountant:
   def _compose(self, record: ledger.RoundRecord) -> None:
     """Composes `record` into the ledger's mechanism account (chosen by the first record)."""
     if self._account is None:
+      found = claims.claim(claims.noise_of_record(record), record.sampling.kind)
+      if self.neighboring_relation is None:
+        self.neighboring_relation = found.columns_relation
+      claims.check_relation(found, self.neighboring_relation)
+      self._population = record.sampling.population_size
       kind = next(a for a in ACCOUNTS if a.supports(record))
       self._account = kind(self._orders, self.neighboring_relation, self.methods,
                            self._pld_discretization)
+    elif record.sampling.population_size != self._population:
+      raise errors.UserInputError(
+          f'Round {record.round_num} samples from {record.sampling.population_size} clients, '
+          f'round 1 from {self._population}: one run samples one population (a changed '
+          'population breaks the sampler\'s schedule and its claim).')
     elif not self._account.supports(record):
       other = next(a for a in ACCOUNTS if a.supports(record))
       raise errors.UserInputError(
@@ -194,6 +210,7 @@ class LedgerAccountant:
       # pylint: disable=protected-access
       trial._account = None if self._account is None else self._account.rdp_copy()
       trial._num_records = self._num_records
+      trial._population = self._population
       trial._composed = self._composed.copy()
       # pylint: enable=protected-access
       trial.add(record)
@@ -251,7 +268,7 @@ def merged_reexecution(first: ledger.RoundRecord,
 
 def epsilon_curve(records: Sequence[ledger.RoundRecord], delta: float,
                   methods: Sequence[str] = METHODS,
-                  neighboring_relation: str = 'add_remove',
+                  neighboring_relation: Optional[str] = None,
                   pld_every: Optional[int] = None,
                   progress: Optional[Callable[[int, int], None]] = None,
                   **accountant_kwargs) -> List[Dict[str, Optional[float]]]:

@@ -1,5 +1,6 @@
 """The accountant of correlated-noise DP-FTRL ledgers (`dp=blt|bandmf`, records with a
-`correlated` strategy, min-separation or cyclic Poisson participation, add/remove).
+`correlated` strategy): min-separation participation under zero-out, cyclic Poisson under
+add/remove (the claim table, `claims`).
 
 Min separation: the run is one Gaussian mechanism (`correlated`): after round t, the mechanism
 on the first t rounds has noise multiplier z_t = sigma / (clip x sens_t), sigma the stddev of
@@ -25,6 +26,7 @@ import numpy as np
 
 from tff_dp import errors
 from tff_dp import ledger
+from tff_dp.accounting import claims
 from tff_dp.accounting import correlated
 from tff_dp.accounting import events
 from tff_dp.accounting import mechanism_account
@@ -50,11 +52,8 @@ class CorrelatedRounds(mechanism_account.MechanismAccount):
     return record.correlated is not None
 
   def compose(self, record: ledger.RoundRecord) -> None:
-    events.check_analysable(record.sampling.kind, 'correlated')
-    if self.neighboring_relation != 'add_remove':
-      raise errors.UserInputError(
-          f'Round {record.round_num} is correlated noise, accounted under add_remove only; '
-          'use add_remove.')
+    claims.check_relation(claims.claim('correlated', record.sampling.kind),
+                          self.neighboring_relation)
     noise, r = record.correlated, record.round_num
     if self._strategy is None:
       self._strategy, self._coefs = noise, correlated.coefs_of(noise)
@@ -70,7 +69,7 @@ class CorrelatedRounds(mechanism_account.MechanismAccount):
       self._check_cycle(record)
     else:
       self._check_schedule(record)
-    multipliers = events.gaussian_noise_multipliers(record, 'add_remove')
+    multipliers = events.gaussian_noise_multipliers(record, self.neighboring_relation)
     if multipliers is None:
       self._ratio = 0.0
     elif multipliers:
@@ -104,15 +103,23 @@ class CorrelatedRounds(mechanism_account.MechanismAccount):
                                   f'earlier rounds with {self._probability}; one run, one q.')
     self._probability, self._cycles = s.probability, max(self._cycles, s.epoch)
 
-  def _multiplier(self) -> float:
+  def _multiplier(self, amplified: bool = True) -> float:
     """z_t = sigma / (clip sens_t) after the rounds so far (amplified: sens_t is one
-    participation's)."""
+    participation's; not `amplified`: cyclic Poisson's every cycle, as a seed holder sees)."""
     if self._last_round == 0:
       return math.inf
-    participations = 1 if self._probability is not None else self._strategy.max_participations
+    if self._probability is None:
+      participations = self._strategy.max_participations
+    else:
+      participations = 1 if amplified else self._cycles
     sens = math.sqrt(toeplitz.sensitivity_squared(
         self._coefs, self._last_round, self._strategy.min_separation, participations))
     return self._ratio / sens
+
+  def multiplier_without_amplification(self) -> float:
+    """The Gaussian's multiplier against someone who knows every sample (a seed holder): a
+    client in every cycle of cyclic Poisson sampling, its rounds `groups` apart."""
+    return self._multiplier(amplified=False)
 
   def rdp(self) -> np.ndarray:
     z = self._multiplier()
@@ -131,7 +138,7 @@ class CorrelatedRounds(mechanism_account.MechanismAccount):
     if z == math.inf:
       return 0.0
     acc = dp_accounting.pld.PLDAccountant(
-        neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
+        neighboring_relation=events.NEIGHBORING_RELATIONS[self.neighboring_relation],
         value_discretization_interval=self.pld_discretization)
     event = (dp_accounting.GaussianDpEvent(z) if self._probability is None else
              correlated.amplified_event(self._probability, z, self._cycles))

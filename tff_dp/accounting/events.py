@@ -28,10 +28,10 @@ from typing import List, Optional
 
 import dp_accounting
 
-from tff_dp import choices
 from tff_dp import errors
 from tff_dp import ledger
 from tff_dp import noise_budget
+from tff_dp.accounting import claims
 
 NeighboringRelation = dp_accounting.NeighboringRelation
 NEIGHBORING_RELATIONS = {
@@ -40,7 +40,7 @@ NEIGHBORING_RELATIONS = {
     'replace_special': NeighboringRelation.REPLACE_SPECIAL,
 }
 # The relation tree-aggregation (DP-FTRL) ledgers are accounted under, and the only one.
-TREE_RELATION = 'replace_special'
+TREE_RELATION = claims.ZERO_OUT
 
 
 def check_relation(neighboring_relation: str) -> NeighboringRelation:
@@ -52,29 +52,9 @@ def check_relation(neighboring_relation: str) -> NeighboringRelation:
 
 
 def check_analysable(sampling_kind: str, noise: str) -> None:
-  """UserInputError (one line saying what to use) for a sampling the accountant cannot
-  analyse with this noise (`choices.noise_of`): tree noise needs shuffled participation,
-  correlated noise min-separation participation, and each of those is analysed for its noise
-  only (`choices.SAMPLERS_FOR_NOISE`)."""
-  if sampling_kind in choices.SAMPLERS_FOR_NOISE[noise]:
-    return
-  if noise == 'tree':
-    raise errors.UserInputError(
-        f'tree-aggregation noise (DP-FTRL) cannot be accounted with {sampling_kind} sampling '
-        '(a client could be in several rounds of one tree); use `client_sampling=shuffled`.')
-  if noise == 'correlated':
-    raise errors.UserInputError(
-        f'correlated noise (blt, bandmf) cannot be accounted with {sampling_kind} sampling '
-        '(no analysis of its participation); use `client_sampling=min_separation`.')
-  if sampling_kind == 'shuffled':
-    raise errors.UserInputError(
-        'shuffled participation is accounted for tree-aggregation noise only (no '
-        'amplification analysis for independent Gaussian noise); use `dp=ftrl` or '
-        '`dp=ftrl_adaptive`, or `client_sampling=poisson`.')
-  kinds = '`dp=bandmf`' if sampling_kind == 'cyclic_poisson' else '`dp=blt` or `dp=bandmf`'
-  raise errors.UserInputError(
-      f'{sampling_kind} participation is accounted for correlated noise only; use '
-      f'{kinds}, or `client_sampling=poisson`.')
+  """UserInputError (one line saying what to use) for a sampling with no proof for this noise
+  (`choices.noise_of`): the claim table (`claims`) is the one list of proven pairs."""
+  claims.claim(noise, sampling_kind)
 
 
 def gaussian_noise_multipliers(record: ledger.RoundRecord,

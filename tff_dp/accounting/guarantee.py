@@ -5,7 +5,9 @@ not a proven bound against everyone:
   against them no round is amplified by sampling: the run is the composition of every Gaussian
   release, itself one Gaussian with z = (sum over rounds and queries of z_g^-2)^-1/2 (exact,
   so PLD and RDP are those of one `GaussianDpEvent`). A re-executed round adds its queries
-  like any other release.
+  like any other release. Amplified BandMF (cyclic Poisson) is then the matrix mechanism with
+  a client in every cycle, its participations `groups` rounds apart: one Gaussian with the
+  sensitivity of all of them.
 * `fixed_size_proven`: sampling without replacement has a proven analysis under replace-one
   neighbouring only (`SampledWithoutReplacementDpEvent`, RDP); add/remove runs account it as
   Poisson(m/N), an approximation. dp_accounting computes that RDP in ~0.5 s per distinct
@@ -25,6 +27,7 @@ import dp_accounting
 from tff_dp import ledger
 from tff_dp import noise_budget
 from tff_dp.accounting import accountant
+from tff_dp.accounting import correlated_rounds
 
 Z_GROUP_DIGITS = 4
 
@@ -33,15 +36,12 @@ def without_amplification(records: Sequence[ledger.RoundRecord], delta: float,
                           methods: Sequence[str], neighboring_relation: str = 'add_remove'
                           ) -> Dict[str, Optional[float]]:
   """{method: epsilon} of `records` against someone who knows every round's sample."""
-  inverse_squares = 0.0
-  for record in records:
-    multipliers = accountant.gaussian_noise_multipliers(record, neighboring_relation)
-    if multipliers is None:
-      return {m: float('inf') for m in methods}
-    inverse_squares += sum(z ** -2 for z in multipliers)
-  if inverse_squares == 0.0:
+  z = _multiplier_without_amplification(records, neighboring_relation)
+  if z == 0.0:
+    return {m: float('inf') for m in methods}
+  if z == float('inf'):
     return {m: 0.0 for m in methods}
-  event = dp_accounting.GaussianDpEvent(inverse_squares ** -0.5)
+  event = dp_accounting.GaussianDpEvent(z)
   relation = accountant.check_relation(neighboring_relation)
   out = {}
   for method in methods:
@@ -51,6 +51,25 @@ def without_amplification(records: Sequence[ledger.RoundRecord], delta: float,
       acc = dp_accounting.pld.PLDAccountant(neighboring_relation=relation)
     out[method] = float(acc.compose(event).get_epsilon(delta))
   return out
+
+
+def _multiplier_without_amplification(records: Sequence[ledger.RoundRecord],
+                                      neighboring_relation: str) -> float:
+  """The one Gaussian a known-sample run is: independent noise composes every release
+  (z = (sum z_g^-2)^-1/2); correlated noise is one Gaussian whose sensitivity counts every
+  participation the sampler allowed (`CorrelatedRounds.multiplier_without_amplification`)."""
+  if records and records[0].correlated is not None:
+    account = correlated_rounds.CorrelatedRounds((), neighboring_relation, ('rdp',), 1e-4)
+    for record in records:
+      account.compose(record)
+    return account.multiplier_without_amplification()
+  inverse_squares = 0.0
+  for record in records:
+    multipliers = accountant.gaussian_noise_multipliers(record, neighboring_relation)
+    if multipliers is None:
+      return 0.0
+    inverse_squares += sum(z ** -2 for z in multipliers)
+  return inverse_squares ** -0.5 if inverse_squares else float('inf')
 
 
 def fixed_size_proven(records: Sequence[ledger.RoundRecord], delta: float) -> float:

@@ -70,8 +70,7 @@ def _record(mechanism: str, r: int, population: int, m: int,
 
 def _composed_curve(mechanism: str, rounds: Sequence[int], population: int, m: int,
                     z: float, delta: float) -> list[float]:
-  relation = accountant_lib.TREE_RELATION if mechanism == 'tree' else 'add_remove'
-  acc = accountant_lib.LedgerAccountant(delta, ('rdp',), neighboring_relation=relation)
+  acc = accountant_lib.LedgerAccountant(delta, ('rdp',))   # The claim's relation.
   wanted, epsilons = set(rounds), []
   for r in range(1, max(rounds) + 1):
     acc.add(_record(mechanism, r, population, m, z))

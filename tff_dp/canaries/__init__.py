@@ -32,11 +32,12 @@ from tff_dp.canaries.estimate import epsilon_from_cosines_closed_form_null
 from tff_dp.canaries.bootstrap import EstimateInterval
 from tff_dp.canaries.estimate import gaussian_pair_epsilon
 from tff_dp.canaries.tracker import CanaryTracker
+from tff_dp.canaries.tracker import MIN_CANARIES_FOR_AN_ESTIMATE
 
 __all__ = [
     'as_weight_shapes', 'CanaryDirections', 'dimension', 'flatten', 'INSERTED', 'KEY_BYTES',
     'UNSEEN',
     'all_iterates_epsilon', 'all_iterates_statistic', 'CanaryEstimate', 'cosines',
     'epsilon_from_cosines', 'epsilon_from_cosines_closed_form_null', 'gaussian_pair_epsilon',
-    'CanaryTracker',
+    'CanaryTracker', 'MIN_CANARIES_FOR_AN_ESTIMATE',
 ]

@@ -79,9 +79,13 @@ OUTPUTS = (
            'state)', lambda f: SECRET if f.noise_state_in_checkpoints else COVERED),
     Output(f'{SECRET_DIR}/checkpoints/*', 'checkpoints of a correlated-noise mechanism: its '
            'noise seeds and buffered noise', SECRET),
-    Output(f'{SECRET_DIR}/sampling_key', 'the shuffled sampler\'s key (every epoch\'s order)',
-           SECRET),
+    Output(f'{SECRET_DIR}/sampling_key', 'the permutation samplers\' key (every epoch\'s '
+           'order, or cyclic Poisson\'s groups)', SECRET),
     Output(f'{SECRET_DIR}/canary_key', 'the key of the canary directions', SECRET),
+    Output(f'{SECRET_DIR}/ledger_key', 'the key of ledger.jsonl\'s MACs (a forged line is '
+           'refused when it is given)', SECRET),
+    Output(f'{SECRET_DIR}/population_digest', 'SHA-256 of the sampled population\'s client '
+           'ids (a resume on another population is refused)', SECRET),
     Output(f'{SECRET_DIR}/holdout_key', 'the key choosing the held-out evaluation clients',
            SECRET),
     Output('tensorboard/*', 'TensorBoard events: the metrics columns with wall-clock times',

@@ -17,6 +17,7 @@ from tff_dp import aggregators
 from tff_dp import choices
 from tff_dp import ledger as ledger_lib
 from tff_dp import sampling
+from tff_dp.accounting import claims
 from tff_dp.aggregators import privacy_queries as privacy_queries_lib
 from tff_dp.errors import UserInputError
 from tff_dp.training import config as config_lib
@@ -24,6 +25,11 @@ from tff_dp.training import privacy_recorder
 
 # The shuffled sampler's secret key, kept in the run directory's secret/ folder for resume.
 SAMPLING_KEY_FILE = 'sampling_key'
+# The digest of the population a run samples (`sampling.population_digest`), kept in secret/:
+# a resume on another population is refused.
+POPULATION_FILE = 'population_digest'
+# The key of the ledger's MACs (`ledger.new_mac_key`), kept in secret/.
+LEDGER_KEY_FILE = 'ledger_key'
 
 
 @dataclasses.dataclass
@@ -39,6 +45,11 @@ class Privacy:
   correlated: Optional[ledger_lib.CorrelatedNoise] = None
   # A noise-cohort simulation's projected production run (`noise_cohort_size`), else None.
   projection: Optional[privacy_recorder.Projection] = None
+  # The population's digest to keep under secret/ (a new run, or one recorded before digests).
+  population_to_save: Optional[bytes] = None
+  # The ledger's MAC key (None: a run recorded before MACs), and a new one to keep.
+  ledger_key: Optional[bytes] = None
+  ledger_key_to_save: Optional[bytes] = None
 
   @property
   def noise_state(self) -> bool:
@@ -122,48 +133,96 @@ def _sampler(cfg: config_lib.SamplingConfig, client_ids, key_path: str, resume: 
       groups=groups)
 
 
-def _accountant(accounting_cfg: config_lib.AccountingConfig, delta: float, tree: bool):
+def _check_population(population: list, digest_path: str, resume: bool,
+                      recorded_size: Optional[int], permutation: bool) -> Optional[bytes]:
+  """The population's digest to keep (None: the recorded one stands), after refusing a resume
+  on another population than the recorded one: samplers key their draws on client ids, so
+  other clients would get another schedule mid-run (clients in consecutive rounds of a
+  min-separation plan) and the ledger's claim would not hold."""
+  digest = sampling.population_digest(population)
+  if not resume:
+    return digest
+  recorded = sampling.load_key(digest_path, what='population digest')
+  if recorded is None:
+    if permutation:
+      raise UserInputError(
+          f'`resume`: {digest_path} is missing: the run was made before samplers keyed client '
+          'ids, and its schedule cannot be continued (clients could participate twice); start '
+          'a new run')
+    return digest
+  if recorded != digest:
+    raise UserInputError(
+        f'`resume`: the training population is not the one this run sampled '
+        f'({recorded_size} clients recorded, {len(population)} now, or other ids): its '
+        'schedule and privacy claim hold for one population; resume on the same data')
+  return None
+
+
+def _accountant(accounting_cfg: config_lib.AccountingConfig, delta: float, relation: str):
+  # `relation`: the claim's (`accounting.claims`), the one its proof supports.
   # PLD at a 1e-3 value grid: dp_accounting discretizes pessimistically (a valid upper
   # bound), measured equal to the 1e-4 grid to 8 digits here and 10x faster per round; the
   # post-hoc `python -m tff_dp.accounting` replays the ledger at the finer default.
   return accounting.LedgerAccountant(
       delta=delta, methods=tuple(accounting_cfg.methods), pld_every=accounting_cfg.pld_every,
       pld_value_discretization_interval=1e-3,
-      neighboring_relation=accounting.TREE_RELATION if tree else 'add_remove')
+      neighboring_relation=relation)
 
 
-def _projection(cohort, accounting_cfg: config_lib.AccountingConfig, tree: bool):
+def _projection(cohort, accounting_cfg: config_lib.AccountingConfig, relation: str):
   """The projected production run of a noise cohort: its accountant at the configured delta,
   or by default the one suggested for the production population."""
   population = cohort.population
   delta = accounting.check_delta(
       accounting_cfg.delta if accounting_cfg.delta is not None
       else accounting.suggested_delta(population), population)
-  return privacy_recorder.Projection(cohort, _accountant(accounting_cfg, delta, tree), delta)
+  return privacy_recorder.Projection(cohort, _accountant(accounting_cfg, delta, relation),
+                                     delta)
 
 
 def build(sampling_cfg: config_lib.SamplingConfig, dp: config_lib.DPConfig,
           accounting_cfg: config_lib.AccountingConfig, population: list, key_path: str,
-          resume: bool, total_rounds: int, cohort=None) -> Privacy:
+          resume: bool, total_rounds: int, cohort=None, population_path: Optional[str] = None,
+          recorded_population: Optional[int] = None,
+          ledger_key_path: Optional[str] = None) -> Privacy:
   """The sampler over `population`, the DP factory, delta and the accountant; `cohort`: a
-  noise-cohort simulation (`noise_cohort.NoiseCohort`) and its projection."""
+  noise-cohort simulation (`noise_cohort.NoiseCohort`) and its projection;
+  `population_path`: where the population's digest is kept (None: not checked), and
+  `recorded_population` the size config.json recorded (for the message); `ledger_key_path`:
+  where the ledger's MAC key is kept (None: no MACs)."""
+  digest = None
+  if population_path is not None:
+    digest = _check_population(
+        population, population_path, resume, recorded_population,
+        sampling_cfg.client_sampling in choices.PERMUTATION_SAMPLERS)
   cyclic = sampling_cfg.client_sampling == 'cyclic_poisson'
   sampler = _sampler(sampling_cfg, population, key_path, resume, dp.bands if cyclic else None)
   tree = dp.kind in aggregators.TREE_KINDS
   delta = accounting.check_delta(
       accounting_cfg.delta if accounting_cfg.delta is not None
       else accounting.suggested_delta(len(population)), len(population))
-  accountant = _accountant(accounting_cfg, delta, tree) if dp.kind != 'none' else None
+  relation = None
+  if dp.kind != 'none':
+    relation = claims.claim_for_kind(dp.kind, sampling_cfg.client_sampling).columns_relation
+  accountant = _accountant(accounting_cfg, delta, relation) if relation else None
   dp_factory = build_aggregator(dp, sampling_cfg.clients_per_round,
                                 sampler.rounds_per_epoch, total_rounds,
                                 amplified=cyclic,
                                 noise_scale=cohort.scale if cohort is not None else 1.0)
+  ledger_key = new_ledger_key = None
+  if ledger_key_path is not None and dp.kind != 'none':
+    if resume:   # A run recorded before MACs has no key, and goes on without.
+      ledger_key = sampling.load_key(ledger_key_path, what='ledger key')
+    else:
+      ledger_key = new_ledger_key = ledger_lib.new_mac_key()
   new_key = sampler.key is not None and sampler.secret and not resume
   return Privacy(sampler=sampler, dp_factory=dp_factory, delta=delta, accountant=accountant,
                  tree=tree, key_to_save=sampler.key if new_key else None,
                  correlated=getattr(dp_factory, 'strategy', None),
-                 projection=(_projection(cohort, accounting_cfg, tree) if cohort is not None
-                             else None))
+                 projection=(_projection(cohort, accounting_cfg, relation) if cohort is not None
+                             else None),
+                 population_to_save=digest, ledger_key=ledger_key,
+                 ledger_key_to_save=new_ledger_key)
 
 
 def available_memory_bytes() -> Optional[int]:
@@ -232,7 +291,7 @@ def recorder(privacy: Privacy, ledger_path: str, planned: tuple, resume: bool, l
   silently dropped."""
   if privacy.accountant is None:
     return privacy_recorder.NO_DP
-  ledger = ledger_lib.PrivacyLedger(ledger_path, repair=resume)
+  ledger = ledger_lib.PrivacyLedger(ledger_path, repair=resume, mac_key=privacy.ledger_key)
   if ledger.repaired_to:
     log(f'ledger: partial last line from a crash moved to {ledger.repaired_to}')
   return privacy_recorder.PrivacyRecorder(

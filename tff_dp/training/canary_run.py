@@ -123,7 +123,8 @@ class CanaryRun(round_hooks.RoundHook):
                                   tracker.all_iterates_interval(delta))}
     report.statement['empirical_estimate'] = privacy_statement.empirical_estimate(
         tracker.directions.num_inserted, tracker.directions.num_unseen,
-        {name: e for name, e in estimates.items() if e[0] is not None})
+        {name: e for name, e in estimates.items() if e[0] is not None},
+        min_canaries=canaries.MIN_CANARIES_FOR_AN_ESTIMATE)
 
   def observe_round(self, end_trainable: Sequence[Any]) -> None:
     """Adds the round that ended at these trainable weights (the next starts from them)."""

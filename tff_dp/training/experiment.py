@@ -135,7 +135,8 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
   (`config.validate()`); `stop` is checked between the slow steps.
   """
   resume = config.output.resume
-  changes = resume_changes(run_dir.read_config(), config, task.name) if resume else {}
+  recorded = run_dir.read_config() if resume else {}
+  changes = resume_changes(recorded, config, task.name) if resume else {}
   tf.keras.utils.set_random_seed(config.training.seed)
 
   public_ids, train_ids = _train_ids(config, task)
@@ -146,7 +147,12 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
   population = canary_run.population(train_ids, config.canaries.num_canaries)
   privacy = build_privacy.build(config.sampling, config.dp, config.accounting, population,
                                 run_dir.secret_file(build_privacy.SAMPLING_KEY_FILE), resume,
-                                config.training.total_rounds, cohort=config.noise_cohort)
+                                config.training.total_rounds, cohort=config.noise_cohort,
+                                population_path=run_dir.secret_file(
+                                    build_privacy.POPULATION_FILE),
+                                recorded_population=recorded.get('population_size'),
+                                ledger_key_path=run_dir.secret_file(
+                                    build_privacy.LEDGER_KEY_FILE))
   process = build_process.build(task, config.training, config.adadps, config.runtime,
                                 privacy.dp_factory, public_ids=public_ids,
                                 canaries=bool(config.canaries.num_canaries))
@@ -176,6 +182,8 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
   _write_start(config, task, run_dir, facts, changes, len(population),
                privacy.delta, keys={
                    build_privacy.SAMPLING_KEY_FILE: privacy.key_to_save,
+                   build_privacy.POPULATION_FILE: privacy.population_to_save,
+                   build_privacy.LEDGER_KEY_FILE: privacy.ledger_key_to_save,
                    canary_run.KEY_FILE: (canaries.directions.key if canaries is not None
                                          and not resume else None),
                    build_evaluation.HOLDOUT_KEY_FILE: evaluation_data.key_to_save})

@@ -7,16 +7,20 @@ Headlines:
   * fixed_size sampling: the proven without-replacement bound under replace-one
     (`accounting.guarantee.fixed_size_proven`); the Poisson approximation under add/remove
     (what the epsilon_* columns hold) is shown on the same line, labelled as one.
-  * A sampling seed: whoever holds it knows every sample, so the headline is the epsilon
-    without amplification by sampling (`accounting.guarantee.without_amplification`); the
-    amplified epsilon holds only while the seed stays secret, and is labelled so.
-  * Tree aggregation (DP-FTRL): the replace-special RDP epsilon (no amplification is used, so
-    a seed changes nothing).
+  * A sampling seed: whoever holds it knows every sample, so the headline of a claim that uses
+    amplification by sampling (Poisson, fixed-size, cyclic Poisson) is the epsilon without it
+    (`accounting.guarantee.without_amplification`); the amplified epsilon holds only while the
+    seed stays secret, and is labelled so.
+  * Tree aggregation (DP-FTRL, shuffled) and correlated noise under min separation: the
+    zero-out epsilon (no amplification is used, so a seed changes nothing).
+The relation and the theorem come from the claim table (`accounting.claims`), never from the
+caller.
 """
 
 from typing import Any, Iterable, Mapping, Optional
 
 from tff_dp import choices
+from tff_dp.accounting import claims
 from tff_dp.run_format import release
 
 NEIGHBORING_RELATION = 'add_remove'
@@ -26,9 +30,14 @@ _RELATION_TEXT = {
     'replace_one': 'neighbouring datasets differ in all the data of one client, replaced by '
                    'another client\'s (replace-one)',
     'replace_special': 'neighbouring datasets differ in all the data of one client, replaced '
-                       'by a special client that contributes nothing (replace-special, '
-                       'Kairouz et al. 2021 Definition 1.1; tree aggregation without sampling)',
+                       'by a special client that contributes nothing, the population unchanged '
+                       '(zero-out, i.e. replace-special: Kairouz et al. 2021 Definition 1.1)',
 }
+# What the statement says of the population size N that the ledger, summary and config record.
+_POPULATION_TEXT = (
+    'the population size N (and so the sampling rate) is recorded in ledger.jsonl, summary.json '
+    'and config.json and is treated as public: the guarantee protects each client\'s data and '
+    'participation, not the number of clients')
 _MECHANISM_TEXT = {
     'independent': 'DP-FedAvg ({dp} clipping, Gaussian noise), as recorded in ledger.jsonl',
     'tree': 'DP-FTRL ({dp}: tree-aggregation noise), as recorded in ledger.jsonl',
@@ -44,7 +53,9 @@ _EVAL_TEXT = {
     'public_test': 'the task\'s test split, declared public by the operator (eval_data='
                    'public_test): covered by that declaration, not by the DP guarantee',
     'holdout': 'held-out clients (chosen with a secret key, removed from the training '
-               'population)',
+               'population): the training population is protected from evaluation, but the '
+               'held-out clients\' own data is evaluated without noise, so they are outside '
+               'the guarantee (see `outside_guarantee`)',
 }
 
 
@@ -83,15 +94,18 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
     return {'differential_privacy': False,
             'guarantee': 'none: the run trained without differential privacy',
             'rounds': rounds_completed}
-  seeded = sampling_event.seeded and sampling_event.kind not in choices.PERMUTATION_SAMPLERS
+  claim = claims.claim_for_kind(dp, sampling_event.kind)
+  seeded = sampling_event.seeded and claim.amplified
   result, headline, relation, guarantee = _headline(
-      epsilons, delta, neighboring_relation, fixed_size_proven,
+      epsilons, delta, claim.relation, fixed_size_proven,
       without_amplification if seeded else None)
   result.update({
       'differential_privacy': True,
       'guarantee': guarantee,
       'unit': 'user (client): all of one client\'s examples in every round',
       'neighboring_relation': relation,
+      'proof': claim.proof,
+      'population_size': _POPULATION_TEXT,
       'delta': delta,
       'epsilon': headline,
       'epsilon_columns': (f'the epsilon_* columns of metrics.csv are the accountant\'s '
@@ -114,6 +128,11 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
                'what `covers` lists, or run with private_release to get a release/ folder '
                'to publish as it is'),
   })
+  if eval_data in ('holdout', 'test_disjoint'):
+    result['outside_guarantee'] = (
+        'the evaluation clients: their own data is evaluated exactly and released as the '
+        'evaluation metrics; they are not in the training population, so the guarantee, which '
+        'is about the training population, does not cover them')
   if side_information:
     result['side_information'] = side_information
   if projection is not None:
@@ -170,13 +189,17 @@ def _sampling(event) -> dict[str, Any]:
         'one secret permutation of the population, its blocks visited cyclically: every '
         f'client every {event.population_size // event.sample_size} rounds, no amplification '
         'by sampling (correlated noise: the whole run is one Gaussian mechanism whose '
-        'sensitivity is the strategy\'s under min-separation participation)')
+        'sensitivity is the strategy\'s under min-separation participation). The blocks have '
+        'a fixed size, so adding a client would move others between rounds: the proof is '
+        'under zero-out, not add/remove')
   elif event.kind == 'cyclic_poisson':
     sampling['probability'] = event.probability
     sampling['groups'] = event.groups
     sampling['accounted_as'] = (
-        f'a secret partition of the population into {event.groups} groups visited cyclically, '
-        'each client of the visited group independently with this probability (amplified '
+        f'a secret partition of the population into {event.groups} groups visited cyclically '
+        '(each client draws its group independently from a secret key, so adding a client '
+        'moves no other), each client of the visited group independently with this '
+        'probability (amplified '
         'BandMF, Choquette-Choo et al. 2023 Theorem 4: per cycle one Poisson-subsampled '
         'Gaussian whose sensitivity is the strategy\'s largest column norm, composed over the '
         'cycles; it assumes the bands never exceed the groups, which the run checked)')
@@ -208,11 +231,11 @@ def _diagnostics(facts: release.RunFacts, released_columns: Iterable[str],
   return columns + files + ['console lines naming rejected clients, and round timings']
 
 
-def empirical_estimate(num_canaries: int, num_unseen: int,
-                       estimates: Mapping[str, Any]) -> dict[str, Any]:
+def empirical_estimate(num_canaries: int, num_unseen: int, estimates: Mapping[str, Any],
+                       min_canaries: int = 0) -> dict[str, Any]:
   """The statement's `empirical_estimate` entry: the canaries' estimates (name ->
   (`canaries.CanaryEstimate`, `canaries.EstimateInterval` or None)) beside the proven
-  epsilon, and what they are."""
+  epsilon, and what they are; none (too few canaries: fewer than `min_canaries`) is said so."""
   intervals = [i for _, i in estimates.values() if i is not None]
   return {
       'canaries': num_canaries,
@@ -224,6 +247,9 @@ def empirical_estimate(num_canaries: int, num_unseen: int,
               'delta, with a bootstrap interval over the canaries; not an upper bound: the '
               'proven bound is `epsilon`',
       'confidence': intervals[0].confidence if intervals else None,
+      **({} if estimates else {'too_few_canaries': (
+          f'no estimate: fewer than {min_canaries} inserted (and, for all iterates, unseen) '
+          'canaries, below which a fit of their statistics carries no information')}),
       'estimates': {name: {'epsilon': e.epsilon, 'mu': e.mu, 'sigma': e.sigma,
                            'null_mu': e.null_mu, 'null_sigma': e.null_sigma,
                            'interval': None if i is None else [i.low, i.high],
@@ -251,6 +277,7 @@ def format_statement(s: Mapping[str, Any]) -> str:
            f'  sampling: {sampling["kind"]}, {rate} of {sampling["population"]} clients, '
            + ('secret (OS randomness)' if sampling['secret'] else
               'NOT secret (sampling seed given)'),
+           f'  proof: {s["proof"]}; N is treated as public',
            f'  evaluation: {s["evaluation"]}',
            *([f'  SIMULATION: noise of {s["simulation"]["noise_cohort_size"]} clients per '
               f'round; projected epsilon {_fmt(s["simulation"]["projected_epsilon"])} at delta '
@@ -281,4 +308,4 @@ def _format_estimates(estimate: Mapping[str, Any]) -> str:
     if value.get('too_few_canaries'):
       text += f' [too few canaries: {value["too_few_canaries"]}]'
     found.append(text)
-  return ', '.join(found) or 'n/a'
+  return ', '.join(found) or estimate.get('too_few_canaries', 'n/a')

@@ -5,9 +5,9 @@ import dataclasses
 from typing import Any, Mapping
 
 from tff_dp import checkpoint_aggregation
-from tff_dp import choices
 from tff_dp import ledger as ledger_lib
 from tff_dp.run_format import columns
+from tff_dp.accounting import claims
 from tff_dp.accounting import guarantee
 from tff_dp.training import components
 from tff_dp.training import evaluation
@@ -93,10 +93,10 @@ def _privacy_statement(config: components.LoopConfig, c: components.LoopComponen
     records = ledger_lib.read_ledger(c.privacy.ledger.path)
     if event.kind == 'fixed_size':
       extra['fixed_size_proven'] = guarantee.fixed_size_proven(records, config.delta)
-    if event.seeded and event.kind not in choices.PERMUTATION_SAMPLERS:
-      relation = 'replace_one' if event.kind == 'fixed_size' else extra['neighboring_relation']
+    claim = claims.claim_for_kind(config.dp, event.kind)
+    if event.seeded and claim.amplified:
       extra['without_amplification'] = guarantee.without_amplification(
-          records, config.delta, accountant.methods, relation)
+          records, config.delta, accountant.methods, claim.relation)
   rows = c.run_dir.metrics.read_rows()
   # What the run directory will hold once the report is written.
   files = release.run_files(c.run_dir.path) + ['summary.json']

@@ -38,6 +38,16 @@ _KEEP_CHECKPOINTS = 3
 SECRET_DIR = release.SECRET_DIR
 
 
+def restrict_secrets(folder: str) -> None:
+  """Makes every file under `folder` owner-only (0600, folders 0700): TFF writes checkpoints
+  0644, and a copy of one out of secret/ must not carry its noise state readable by all."""
+  for path, folders, files in os.walk(folder):
+    for name in folders:
+      os.chmod(os.path.join(path, name), 0o700)
+    for name in files:
+      os.chmod(os.path.join(path, name), 0o600)
+
+
 class _StateModule(tf.Module):
   """What TFF's FileProgramStateManager saves: a module whose `__call__` returns the state."""
 
@@ -288,6 +298,7 @@ class RunDirectory:
 
   def save_checkpoint(self, program_state, round_num: int) -> None:
     asyncio.run(self.state_manager.save(program_state, round_num))
+    restrict_secrets(self.file(SECRET_DIR))
 
   def load_latest_checkpoint(self, structure):
     """Returns (program_state, round_num) or (None, 0) if no checkpoint exists."""
