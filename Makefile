@@ -29,9 +29,10 @@ $(STAMP): requirements/lock.txt setup.py
 	touch $(STAMP)
 
 # Main job: DP-FedAvg with flat adaptive clipping on a generated, seeded EMNIST cache in TFF's
-# format: 2,000 writers, 200 of them held out for evaluation (covered by the guarantee: they are
-# not in the population), 100 expected per round among the other 1,800 (Poisson), z = 0.7, 30
-# rounds, EMA + past-3 aggregates. About 2 minutes on 2 cores; prints one line per round and the
+# format: 2,000 writers, 200 of them held out for evaluation (not in the population: the
+# evaluation reveals nothing of it, and the held-out writers are outside the guarantee), 100
+# expected per round among the other 1,800 (Poisson), z = 0.7, 30 rounds, EMA + past-3
+# aggregates. About 4 minutes on 2 cores with the set-up; prints one line per round and the
 # run's privacy statement (README, "Quick start").
 DEMO_DATA ?= data_cache/demo-emnist-2000
 DEMO_FLAGS ?= --task=emnist --data_dir=$(DEMO_DATA) --dp=adaptive --clip=0.1 \

@@ -336,6 +336,18 @@ def reproduce_table(table: str, *, scale: str, data_dir: str, root_output_dir: s
                               arms=arms, extra=extra), dry_run=dry_run)
 
 
+def _existing_non_directory(path: str):
+  """`path` or the first of its ancestors that exists but is not a directory (None if none):
+  where no run directory could be created."""
+  path = os.path.abspath(path)
+  while not os.path.exists(path):
+    parent = os.path.dirname(path)
+    if parent == path:
+      return None
+    path = parent
+  return None if os.path.isdir(path) else path
+
+
 def main(argv) -> int:
   """argv (program name first) -> exit code: 0 done, 2 bad input (unknown flags included),
   1 an arm failed."""
@@ -352,6 +364,15 @@ def main(argv) -> int:
   # `~` expanded in every path flag (shells leave `--flag=~/x` alone).
   experiments_dir = os.path.expanduser(_EXPERIMENTS.value)
   root_output_dir = os.path.expanduser(_ROOT_OUTPUT_DIR.value)
+  if not os.path.isdir(experiments_dir):
+    print(f'error: --experiments_dir {experiments_dir} is not a directory (it holds one '
+          'sub-directory of .flags files per table)', file=sys.stderr)
+    return 2
+  blocked = _existing_non_directory(root_output_dir)
+  if blocked:
+    print(f'error: --root_output_dir {root_output_dir}: {blocked} is not a directory; the runs '
+          'go in sub-directories of it', file=sys.stderr)
+    return 2
   if not _TABLE.value:
     print('error: --table is required; available: '
           f'{", ".join(list_tables(experiments_dir))}, all', file=sys.stderr)

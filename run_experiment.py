@@ -29,6 +29,7 @@ from tff_dp.errors import RunFailedError  # noqa: E402
 from tff_dp.errors import RunInterrupted  # noqa: E402
 from tff_dp.errors import UserInputError  # noqa: E402
 from tff_dp.training import config_flags  # noqa: E402  (no TensorFlow)
+from tff_dp.training import preflight  # noqa: E402  (no TensorFlow)
 
 # Flag names, to print the library's `parameter` names as this command's --flags.
 FLAG_NAMES = frozenset(config_flags.new_flag_values())
@@ -41,6 +42,7 @@ def main(argv) -> int:
     return 0
   try:
     cfg = config_flags.parse(argv[1:])   # Checked before TensorFlow is imported.
+    preflight.check(cfg)   # The data, the run directory, a resume: still no TensorFlow.
     if _STOP is not None:
       _STOP.raise_if_received('during start-up')
     # pylint: disable=g-import-not-at-top  (start-up time: a flag error is reported first)

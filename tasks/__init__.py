@@ -19,7 +19,7 @@ from tasks.registry import TaskSpec
 from tff_dp.errors import UserInputError
 
 __all__ = ['TASKS', 'TASK_NAMES', 'TASK_SETTINGS', 'TaskSetting', 'TaskSpec',
-           'DEFAULT_EMBEDDED_DATA_DIR', 'FederatedTask', 'build_task', 'load']
+           'DEFAULT_EMBEDDED_DATA_DIR', 'FederatedTask', 'build_task', 'check_data', 'load']
 
 
 def __getattr__(name):
@@ -64,6 +64,14 @@ def build_task(name: str, data_dir: str, *, client_batch_size: int = 20,
   # `~` expanded here, where the path is used, for every caller (shells leave `--x=~/y` alone).
   return builder(os.path.expanduser(data_dir), spec_, shuffle_seed=shuffle_seed,
                  **task_options)
+
+
+def check_data(name: str, data_dir: str, **task_options) -> None:
+  """Refuses (UserInputError) a `data_dir` that lacks task `name`'s intact SQLite file or its
+  splits; imports no TensorFlow."""
+  from tasks import data_files  # pylint: disable=g-import-not-at-top
+  data_files.check_task_data(_spec(name).family, os.path.expanduser(data_dir),
+                             only_digits=bool(task_options.get('only_digits', False)))
 
 
 def load(name: str, data_dir: Optional[str] = None, *,

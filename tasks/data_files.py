@@ -25,9 +25,33 @@ _METADATA_COLUMNS = {'client_id', 'split_name', 'num_examples'}
 QUICK_CHECK_MAX_BYTES = 256 * 2**20
 
 
+# Each dataset family's SQLite file (the name TFF's `load_data` reads) and the splits its tasks
+# read (EMNIST's depend on `only_digits`).
+DATABASES = {'emnist': 'emnist_all.sqlite', 'stackoverflow': 'stackoverflow.sqlite'}
+STACKOVERFLOW_SPLITS = ('train', 'heldout', 'test')
+
+
+def required_splits(family: str, only_digits: bool = False) -> tuple:
+  if family == 'emnist':
+    return ('digits_only_train', 'digits_only_test') if only_digits else ('all_train', 'all_test')
+  return STACKOVERFLOW_SPLITS
+
+
+def check_task_data(family: str, data_dir: str, only_digits: bool = False) -> str:
+  """The family's SQLite file in `data_dir` after checking it is there, intact, and holds the
+  splits the task reads (no TensorFlow: the command line checks it before TF loads)."""
+  check_data_dir(data_dir)
+  path = os.path.join(data_dir, DATABASES[family])
+  check_sqlite_file(path, required_splits(family, only_digits))
+  return path
+
+
 def check_data_dir(data_dir: str) -> None:
   if not data_dir:
     raise UserInputError('no data directory given (--data_dir)')
+  if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+    raise UserInputError(f'data directory {data_dir} is a file, not a directory (it holds the '
+                         'task\'s SQLite files)')
   if not os.path.isdir(data_dir):
     raise UserInputError(f'data directory {data_dir} does not exist')
 

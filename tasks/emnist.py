@@ -1,6 +1,5 @@
 """EMNIST character recognition: TFF's loader, preprocessing and `cnn_dropout` CNN."""
 
-import os
 from typing import Optional
 
 import tensorflow as tf
@@ -13,7 +12,7 @@ from tasks import sql_client_data
 from tasks.base import FederatedTask
 from tff_dp.errors import UserInputError
 
-DB_NAME = 'emnist_all.sqlite'   # What tff.simulation.datasets.emnist.load_data reads.
+DB_NAME = data_files.DATABASES['emnist']   # What tff.simulation.datasets.emnist.load_data reads.
 
 
 def build(data_dir: str, client_spec: tff.simulation.baselines.ClientSpec,
@@ -21,10 +20,7 @@ def build(data_dir: str, client_spec: tff.simulation.baselines.ClientSpec,
   """EMNIST-62 (or -10 with only_digits) via `tff.simulation.datasets.emnist.load_data`."""
   if not isinstance(only_digits, bool):
     raise UserInputError(f'emnist only_digits must be True or False, got {only_digits!r}')
-  data_files.check_data_dir(data_dir)
-  splits = ('digits_only_train', 'digits_only_test') if only_digits else ('all_train',
-                                                                          'all_test')
-  data_files.check_sqlite_file(os.path.join(data_dir, DB_NAME), splits)
+  data_files.check_task_data('emnist', data_dir, only_digits)
   train, test = tff.simulation.datasets.emnist.load_data(
       only_digits=only_digits, cache_dir=data_dir)
   # TFF pastes client ids into SQL text; read each client with an exact query instead.

@@ -22,13 +22,12 @@ from tasks import vocab as vocab_lib
 from tasks.base import FederatedTask
 from tff_dp.errors import UserInputError
 
-DB_NAME = 'stackoverflow.sqlite'   # What tff.simulation.datasets.stackoverflow.load_data reads.
-SPLITS = ('train', 'heldout', 'test')
+DB_NAME = data_files.DATABASES['stackoverflow']   # What TFF's stackoverflow.load_data reads.
+SPLITS = data_files.STACKOVERFLOW_SPLITS
 
 
 def _load(data_dir):
-  data_files.check_data_dir(data_dir)
-  data_files.check_sqlite_file(os.path.join(data_dir, DB_NAME), SPLITS)
+  data_files.check_task_data('stackoverflow', data_dir)
   train, _, test = tff.simulation.datasets.stackoverflow.load_data(cache_dir=data_dir)
   # TFF pastes client ids into SQL text; read each client with an exact query instead.
   return sql_client_data.safe_client_data(train), sql_client_data.safe_client_data(test)

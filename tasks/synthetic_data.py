@@ -421,6 +421,10 @@ def main(argv=None) -> int:
   except UserInputError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
+  except KeyboardInterrupt:   # Each file is written to a temporary name, then renamed.
+    print(f'interrupted: the files of {args.cache_dir} written so far are complete (a file being '
+          'written was removed); rerun the command to finish the cache', file=sys.stderr)
+    return 130
   return 0
 
 

@@ -88,3 +88,14 @@ print(atexit._ncallbacks() > before, signal.getsignal(signal.SIGTERM) is not sig
                         text=True, timeout=300)
   assert done.returncode == 0, done.stderr[-2000:]
   assert done.stdout.split() == ['True'] * 6, done.stdout
+
+
+@pytest.mark.parametrize('page', sorted(['README.md'] + [
+    os.path.join('docs', n) for n in os.listdir(os.path.join(REPO, 'docs')) if n.endswith('.md')]))
+def test_code_fences_pair_up_so_the_page_renders(page):
+  """Every fence opens with a language (or none) and is closed: a stray fence turns the rest of
+  the page into a code block (the README's "Command line" section once was)."""
+  with open(os.path.join(REPO, page)) as f:
+    fences = [line.rstrip('\n') for line in f if line.startswith('```')]
+  assert len(fences) % 2 == 0, fences
+  assert all(close == '```' for close in fences[1::2]), fences

@@ -487,7 +487,8 @@ def read_ledger(path: str, mac_key: Optional[bytes] = None) -> List[RoundRecord]
   if tail:
     raise LedgerError(
         f'{path} line {len(lines) + 1}: truncated line ({len(tail)} bytes, no trailing '
-        'newline), probably a crash mid-write; see tff_dp.ledger.repair_truncated_tail.')
+        'newline), probably a crash mid-write: move it aside with `python -m tff_dp.accounting '
+        f'--repair {path}` (a resumed run does it itself).')
   return records
 
 

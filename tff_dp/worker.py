@@ -9,11 +9,23 @@ The worker speaks TFF's executor-service gRPC protocol, unauthenticated and on a
 ([::]:PORT): run it only on a trusted network (or firewall the port).
 """
 
-import argparse
 import importlib.util
 import os
 import socket
 import sys
+
+from absl import flags
+
+from tff_dp import cli_flags
+from tff_dp import errors
+
+# The flags of this command, as the other command lines of the package (absl, `cli_flags`).
+FLAGS = flags.FlagValues()
+flags.DEFINE_integer('port', None, 'TCP port to serve on (1..65535). Required.',
+                     lower_bound=1, upper_bound=65535, flag_values=FLAGS)
+flags.DEFINE_integer('max_concurrent_computation_calls', -1,
+                     'Clients this worker trains concurrently (<= 0: no limit).',
+                     flag_values=FLAGS)
 
 
 def worker_binary_path() -> str:
@@ -25,15 +37,16 @@ def worker_binary_path() -> str:
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog='python -m tff_dp.worker', description=__doc__.split(
-      '\n')[0])
-  parser.add_argument('--port', type=int, required=True, help='TCP port to serve on.')
-  parser.add_argument('--max_concurrent_computation_calls', type=int, default=-1,
-                      help='Clients this worker trains concurrently (<= 0: no limit).')
-  args = parser.parse_args(argv)
-  if not 0 < args.port < 65536:
-    print(f'error: --port must be in 1..65535, got {args.port}', file=sys.stderr)
-    return 2
+  """argv (program name first; default sys.argv) -> exit code (2: bad input); on success the
+  process becomes the worker and does not return."""
+  try:
+    if cli_flags.parse(FLAGS, list(sys.argv if argv is None else argv), __doc__) == 0:
+      return 0
+    if FLAGS.port is None:
+      raise errors.UserInputError('--port is required (the TCP port to serve on).')
+  except errors.UserInputError as e:
+    return cli_flags.report(e, FLAGS)
+  args = FLAGS
   with socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET) as probe:
     # SO_REUSEADDR as gRPC's server sets it: a port whose previous worker died keeps its
     # connections in TIME_WAIT for a minute, which must not block a restart; a live listener

@@ -108,6 +108,20 @@ flags.DEFINE_string('plan_output', 'privacy_plan.png', 'Planner: the PNG to writ
 flags.DEFINE_enum('sampling', 'poisson', list(ledger.SAMPLING_KINDS),
                   'Calibration mode: client sampling scheme.', flag_values=FLAGS)
 
+# The largest PLD grid accepted: a coarser one still gives an upper bound, but a loose one
+# (at 100, epsilon 699 for a run of epsilon 5) that reads like a number about the run.
+MAX_PLD_DISCRETIZATION = 0.1
+flags.register_validator(
+    'pld_discretization', lambda v: v is not None and 0 < v <= MAX_PLD_DISCRETIZATION,
+    f'must be in (0, {MAX_PLD_DISCRETIZATION:g}]', flag_values=FLAGS)
+for _name in ('min_separation', 'max_participations', 'bands', 'pld_every', 'rounds',
+              'clients_per_round', 'population'):
+  flags.register_validator(_name, lambda v: v is None or v >= 1, 'must be a positive integer',
+                           flag_values=FLAGS)
+for _name in ('plan_noise_multipliers', 'plan_cohorts', 'plan_mechanisms'):
+  flags.register_validator(_name, lambda v: v is None or len(set(v)) == len(v),
+                           'lists each value once', flag_values=FLAGS)
+
 
 def _existing(path: str) -> str:
   path = cli_flags.path(path)
@@ -285,6 +299,9 @@ def main(argv) -> int:
     if FLAGS.delta is None:
       raise errors.UserInputError('--delta is required.')
     if FLAGS.plan:
+      if FLAGS.ledger is not None:
+        raise errors.UserInputError('--plan draws planned runs and --ledger replays a run: '
+                                    'give one of them.')
       _plan()
       return 0
     if (FLAGS.ledger is None) == (FLAGS.target_epsilon is None):

@@ -114,6 +114,12 @@ def _check_schedule(rounds, min_separation, max_participations) -> None:
                       ('max_participations', max_participations)):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
       raise errors.UserInputError(f'`{name}` must be a positive integer, got {value!r}.')
+  fit = -(-rounds // min_separation)   # Participations min_separation apart in `rounds`.
+  if max_participations > fit:
+    raise errors.UserInputError(
+        f'`max_participations={max_participations}`: in {rounds} rounds, participations '
+        f'{min_separation} rounds apart fit at most {fit} times; use `max_participations` <= '
+        f'{fit}')
 
 
 def gaussian_epsilon(z: float, delta: float, method: str = 'rdp') -> float:

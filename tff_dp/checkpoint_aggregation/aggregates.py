@@ -264,6 +264,12 @@ class PastKAverage:
       acc = np.where(self._layout.float_mask, acc, latest)
     return self._layout.unflatten(acc)
 
+  def models(self) -> list[list[np.ndarray]]:
+    """The kept checkpoints themselves, oldest first (at most k)."""
+    if not self._count:
+      return []
+    return [self._layout.unflatten(self._buffer[s]) for s in self._chronological_slots()]
+
   def get_state(self) -> dict[str, np.ndarray]:
     layout = self._layout or _Layout([], [])
     if self._count:

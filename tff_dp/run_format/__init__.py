@@ -10,6 +10,8 @@ nothing here imports TensorFlow.
 * `metrics_csv`: metrics.csv, written and read.
 """
 
+import os
+
 # The files of a run directory (their classes: `release.OUTPUTS`).
 CONFIG_FILE = 'config.json'
 CONFIG_HISTORY_FILE = 'config_history.jsonl'
@@ -18,3 +20,20 @@ LEDGER_FILE = 'ledger.jsonl'
 SUMMARY_FILE = 'summary.json'
 SUPERSEDED_METRICS_FILE = 'metrics.superseded.csv'
 UNRELEASED_LEDGER_FILE = 'ledger.unreleased.jsonl'
+# Where checkpoints live (secret/ for mechanisms whose state holds noise), each a folder
+# `CHECKPOINT_PREFIX` + round.
+CHECKPOINT_FOLDERS = ('checkpoints', 'secret/checkpoints')
+CHECKPOINT_PREFIX = 'round_'
+
+
+def checkpointed_rounds(run_path: str) -> int:
+  """The last round a run directory holds a checkpoint of (0: none), from folder names."""
+  rounds = [0]
+  for folder in CHECKPOINT_FOLDERS:
+    try:
+      names = os.listdir(os.path.join(run_path, folder))
+    except OSError:
+      continue
+    rounds += [int(n[len(CHECKPOINT_PREFIX):]) for n in names
+               if n.startswith(CHECKPOINT_PREFIX) and n[len(CHECKPOINT_PREFIX):].isdigit()]
+  return max(rounds)

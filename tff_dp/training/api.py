@@ -15,6 +15,7 @@ from tff_dp import worker_addresses
 from tff_dp import runtime
 from tff_dp.training import components
 from tff_dp.training import experiment
+from tff_dp.training import preflight
 from tff_dp.training import stop_signal
 from tff_dp.training import task_protocol
 from tff_dp.training.config import ExperimentConfig
@@ -56,6 +57,8 @@ def run(cfg: ExperimentConfig, *, task=None, log=print,
   fault during the run raises `RunFailedError` with the run directory consistent. `log`
   receives the console lines; `stop`: see `tff_dp.training.experiment.run`.
   """
+  if task is None:   # A registered task: every refusal that needs no TensorFlow, first.
+    preflight.check(cfg)
   cfg.validate()
   runtime.manage_workers()   # No TFF worker outlives the program, whatever ends it.
   with _quiet_logs():

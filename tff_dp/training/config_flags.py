@@ -121,7 +121,12 @@ def parse(argv: Sequence[str]) -> config_lib.ExperimentConfig:
   given = _settings(flag_values)
   root = given['root_output_dir']
   present = {name for name in given if flag_values[name].present}
-  recorded = config_lib.recorded_settings(os.path.join(root, given['experiment_name']))
+  run_path = os.path.join(root, given['experiment_name'])
+  if not os.path.isdir(run_path):
+    raise errors.UserInputError(
+        f'`resume`: there is no run directory {run_path}; check `root_output_dir` and '
+        '`experiment_name`, or start the run without `resume`')
+  recorded = config_lib.recorded_settings(run_path)
   return config_lib.resumed(recorded, {k: v for k, v in given.items()
                                        if k in present or k not in recorded})
 

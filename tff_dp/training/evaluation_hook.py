@@ -2,7 +2,6 @@
 evaluation rounds (`eval_*` columns), and the last-k models kept for the uncertainty report
 (uncertainty.json) of a finished run."""
 
-import collections
 import math
 from typing import Any, Callable, Mapping
 
@@ -13,6 +12,9 @@ from tff_dp.training import evaluation
 from tff_dp.training import round_hooks
 
 # The checkpoint entry of the last-k models (present, empty, without the uncertainty report).
+# They are kept as a past-k buffer, whose checkpoint state has the same keys before the first
+# round as after it (a list of models grew, and a resume could not restore it into the empty
+# list of a fresh run).
 ENTRY = 'recent'
 
 
@@ -26,16 +28,16 @@ class EvaluationHook(round_hooks.RoundHook):
     self.evaluator = evaluator
     self._aggregate_models = aggregate_models
     self.uncertainty_last_k = uncertainty_last_k
-    self.recent: collections.deque = collections.deque(maxlen=max(uncertainty_last_k, 1))
+    self.recent = ca.PastKAverage(uncertainty_last_k) if uncertainty_last_k else None
 
   def restore(self, loaded, process, state) -> None:
     del process, state
-    if loaded is not None:
-      self.recent.extend(list(loaded[ENTRY]))
+    if loaded is not None and self.recent is not None:
+      self.recent.set_state(loaded[ENTRY])
 
   def after_round(self, round_: round_hooks.Round) -> None:
-    if self.uncertainty_last_k:
-      self.recent.append(round_.weights())
+    if self.recent is not None:
+      self.recent.update(round_.weights())
     if not round_.is_eval:
       return
     for name, value in self.evaluator.evaluate(round_.weights()).items():
@@ -45,16 +47,16 @@ class EvaluationHook(round_hooks.RoundHook):
         round_.row[f'eval_{agg_name}_{name}'] = value
 
   def checkpoint_entries(self) -> dict[str, Any]:
-    return {ENTRY: list(self.recent) if self.uncertainty_last_k else []}
+    return {ENTRY: self.recent.get_state() if self.recent is not None else []}
 
   def finish(self, report: round_hooks.FinalReport) -> None:
     """Writes uncertainty.json: per-example scores and labels are never covered, so a private
     release keeps only the widths, and only when evaluation is covered."""
     facts = report.facts
-    if (not self.uncertainty_last_k or len(self.recent) < 2
+    if (self.recent is None or self.recent.count < 2
         or (facts.private_release and not facts.eval_covered)):
       return
-    recent = list(self.recent)
+    recent = self.recent.models()
     accuracies = np.array([self.evaluator.evaluate(w).get('accuracy', math.nan)
                            for w in recent])
     scores = np.stack([self.evaluator.predict_scores(w) for w in recent])

@@ -17,6 +17,7 @@ from tff_dp import canaries as canaries_lib
 from tff_dp import choices
 from tff_dp import checkpoint_aggregation as ca
 from tff_dp import ledger as ledger_lib
+from tff_dp import run_format
 from tff_dp import sampling
 from tff_dp.canaries import insertion as canary_insertion
 from tff_dp.errors import UserInputError
@@ -31,49 +32,17 @@ from tff_dp.training import config as config_lib
 from tff_dp.training import evaluation
 from tff_dp.training import evaluation_hook
 from tff_dp.training import loop
+from tff_dp.training import preflight
 from tff_dp.run_format import release
 from tff_dp.training import run_dir as run_dir_lib
 from tff_dp.training import stop_signal
 from tff_dp.training.config import ExperimentConfig
+# The resume checks live in `preflight` (no TensorFlow); their names here as before.
+from tff_dp.training.preflight import RESUMABLE_CHANGES  # pylint: disable=unused-import
+from tff_dp.training.preflight import resume_changes
+from tff_dp.training.preflight import settings_to_record
 
 # Settings a resumed run may change (declared with the fields: `config.setting(resumable=)`).
-RESUMABLE_CHANGES = config_lib.RESUMABLE_SETTINGS
-
-
-def settings_to_record(cfg: ExperimentConfig, task_name: str) -> dict[str, Any]:
-  """The settings config.json records: every setting; `task` is the `task` setting for a
-  registered task, and a user's own task object's name otherwise."""
-  settings = cfg.settings()
-  if not config_lib.is_registered_task(task_name):
-    settings['task'] = task_name
-  return settings
-
-
-def resume_changes(recorded: dict[str, Any], cfg: ExperimentConfig,
-                   task_name: Optional[str] = None) -> dict[str, tuple]:
-  """{setting: (recorded value, new value)} for every setting that differs on resume.
-
-  Raises UserInputError naming each differing setting outside `RESUMABLE_CHANGES`. Settings a
-  run directory written by an older version did not record are not compared.
-  """
-  new = json.loads(json.dumps(   # JSON types, as recorded.
-      settings_to_record(cfg, task_name if task_name is not None else cfg.task.name)))
-  changes = {name: (recorded[name], value) for name, value in new.items()
-             if name in recorded and name != 'resume' and recorded[name] != value}
-  refused = {k: v for k, v in changes.items() if k not in RESUMABLE_CHANGES
-             or (k == 'total_rounds' and cfg.dp.kind in choices.CORRELATED_DP_KINDS)}
-  if refused:
-    listed = '; '.join(f'`{k}` was {old!r}, now {new_value!r}'
-                       for k, (old, new_value) in refused.items())
-    raise UserInputError(
-        f'cannot resume {os.path.join(cfg.output.root_output_dir, cfg.output.experiment_name)} '
-        f'with different settings: {listed}. A resumed run must be the same mechanism, model '
-        f'and data; only {", ".join(f"`{k}`" for k in RESUMABLE_CHANGES)} may change (nothing '
-        'was changed; with correlated noise not `total_rounds` either: the strategy is planned '
-        'for them)')
-  return changes
-
-
 def run(cfg: ExperimentConfig, task, *, log=print,
         stop: Optional[stop_signal.StopSignal] = None) -> components.RunSummary:
   """Validates `cfg`, builds everything (`build_components`), and runs (or resumes) the
@@ -137,6 +106,8 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
   resume = config.output.resume
   recorded = run_dir.read_config() if resume else {}
   changes = resume_changes(recorded, config, task.name) if resume else {}
+  if resume:
+    preflight.check_rounds_left(run_dir.path, config.training.total_rounds)
   tf.keras.utils.set_random_seed(config.training.seed)
 
   public_ids, train_ids = _train_ids(config, task)
@@ -187,6 +158,7 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
                    canary_run.KEY_FILE: (canaries.directions.key if canaries is not None
                                          and not resume else None),
                    build_evaluation.HOLDOUT_KEY_FILE: evaluation_data.key_to_save})
+  stop.run_dir = run_dir.path   # A stop from here on leaves the run directory behind.
   max_index = evaluator.output_dim   # Labels/tokens must index the model's outputs.
   parts = components.LoopComponents(
       process=process, run_dir=run_dir, sampler=privacy.sampler,

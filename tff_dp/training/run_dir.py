@@ -30,6 +30,7 @@ from tff_dp import atomic_write
 from tff_dp import errors
 from tff_dp.errors import UserInputError
 from tff_dp.training import config as config_lib
+from tff_dp.training import preflight
 from tff_dp import run_format
 from tff_dp.run_format import metrics_csv
 from tff_dp.run_format import release
@@ -142,20 +143,6 @@ class ReusingFileProgramStateManager(tff.program.FileProgramStateManager):
     return True
 
 
-def _check_writable(root: str) -> None:
-  """Fails early, with the reason, if run directories cannot be created under `root`, without
-  creating or writing anything (a refused run leaves the file system as it was)."""
-  existing = os.path.abspath(root)
-  while not os.path.exists(existing):
-    existing = os.path.dirname(existing)
-  if not os.path.isdir(existing):
-    raise UserInputError(f'`root_output_dir` {root} is not writable: {existing} is a file, '
-                         'not a directory')
-  if not os.access(existing, os.W_OK | os.X_OK):
-    raise UserInputError(f'`root_output_dir` {root} is not writable: {existing} refuses '
-                         'writes (permission denied)')
-
-
 @contextlib.contextmanager
 def writing(what: str, where: str):
   """Turns a failed write (disk full, permissions) into a RunFailedError naming it."""
@@ -176,43 +163,18 @@ class RunDirectory:
   """Creates or reopens RUN_DIR; all run outputs go through this object."""
 
   def __init__(self, root_output_dir: str, experiment_name: str, *, resume: bool):
-    if not experiment_name or os.sep in experiment_name or experiment_name in ('.', '..'):
-      raise UserInputError(f'invalid `experiment_name` {experiment_name!r}: use a plain name')
-    # `~` expanded here, where the path is used, for every caller (shells leave `--x=~/y` alone).
-    root_output_dir = os.path.expanduser(root_output_dir)
-    self.path = os.path.join(root_output_dir, experiment_name)
-    exists = os.path.isdir(self.path) and bool(os.listdir(self.path))
-    if resume and not exists:
-      raise UserInputError(f'`resume` given but run directory {self.path} does not exist')
-    if not resume and exists:
-      raise UserInputError(
-          f'run directory {self.path} already exists; pass `resume` to continue it or choose '
-          'another `experiment_name` (nothing was changed)')
+    # The checks are `preflight`'s, which the command line makes before TensorFlow loads.
+    self.path = preflight.run_path(root_output_dir, experiment_name, resume=resume)
     self.resume = resume
     self._created = False
     self._lock_file = None
-    _check_writable(root_output_dir)
     if resume:
       self._lock()   # Before anything of the existing run is read.
 
   def _lock(self) -> None:
-    """Holds an exclusive lock on RUN_DIR/.lock for the life of this process.
-
-    A second process pointed at the same run directory (a --resume while the run is still
-    going, or two runs started at once) is refused instead of interleaving ledger lines. The
-    kernel releases the lock when the process dies, even by SIGKILL. The holder's pid is
-    written by `create` (a resume refused after this leaves .lock as it was).
-    """
-    f = open(self.file('.lock'), 'a+')  # pylint: disable=consider-using-with
-    try:
-      fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-      f.seek(0)
-      owner = f.read().strip() or 'another process'
-      f.close()
-      raise UserInputError(f'run directory {self.path} is in use by {owner}; wait for it to '
-                           'finish or stop it (nothing was changed)') from None
-    self._lock_file = f
+    """Holds the exclusive lock on RUN_DIR/.lock for the life of this process
+    (`preflight.lock`)."""
+    self._lock_file = preflight.lock(self.path)
 
   def close(self) -> None:
     """Releases the lock and flushes TensorBoard (the process may start or resume runs again)."""
@@ -248,7 +210,7 @@ class RunDirectory:
       raise UserInputError(f'cannot create run directory {self.path}: {e.strerror or e}') from e
     self.metrics = metrics_csv.MetricsCsv(self.file(run_format.METRICS_FILE))
     self.state_manager = ReusingFileProgramStateManager(
-        self.file(checkpoints), prefix='round_', keep_total=_KEEP_CHECKPOINTS, keep_first=False)
+        self.file(checkpoints), prefix=run_format.CHECKPOINT_PREFIX, keep_total=_KEEP_CHECKPOINTS, keep_first=False)
     self._summary_writer = (tf.summary.create_file_writer(self.file('tensorboard'))
                             if tensorboard else None)
     self._created = True

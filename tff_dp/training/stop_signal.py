@@ -22,6 +22,8 @@ class StopSignal:
   def __init__(self, log: Callable[[str], None] = print):
     self.received: Optional[int] = None
     self.rounds_started = False   # Set by the round loop: what a stop means changes then.
+    # Set once the run directory is written (before round 1): a stop then leaves it behind.
+    self.run_dir: Optional[str] = None
     self._log = log
     self._previous = {}
 
@@ -45,6 +47,10 @@ class StopSignal:
     if self.rounds_started:
       self._log(f'{signal.Signals(signum).name}: stopping after the current round, with a '
                 'checkpoint; send it again to abort the round (the rounds before it are kept)')
+    elif self.run_dir is not None:
+      self._log(f'{signal.Signals(signum).name}: stopping before round 1; {self.run_dir} holds '
+                'the run\'s settings and keys (no round): continue it with `resume`; send the '
+                'signal again to abort now')
     else:
       self._log(f'{signal.Signals(signum).name}: stopping at the next step of start-up (no '
                 'round has started; nothing of the run is written); send it again to abort now')

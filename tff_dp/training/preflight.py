@@ -1,0 +1,144 @@
+"""Every refusal a run can make without TensorFlow, made before it is imported: the data
+files, the run directory (its name, whether it exists, whether it can be created, its lock),
+what a resume may change and whether it has rounds left, and the ledger a resume continues.
+
+The command line calls `check` right after parsing its flags, so each of these refusals comes
+in about a second, with nothing written; `tff_dp.run` calls it too, and the run directory
+(`run_dir.RunDirectory`) makes the same checks with the same functions.
+"""
+
+import fcntl
+import json
+import os
+from typing import Any, Optional
+
+import tasks
+from tff_dp import choices
+from tff_dp import ledger as ledger_lib
+from tff_dp import run_format
+from tff_dp.errors import UserInputError
+from tff_dp.training import config as config_lib
+from tff_dp.training.config import ExperimentConfig
+
+LOCK_FILE = '.lock'
+
+
+def check(cfg: ExperimentConfig) -> None:
+  """Raises UserInputError for the first refusal `cfg` meets (module docstring)."""
+  cfg.validate()
+  if cfg.task.data_dir is not None:
+    tasks.check_data(cfg.task.name, cfg.task.data_dir, **cfg.task.task_options())
+  if cfg.output.experiment_name is None:   # A new, timestamped name: only the root matters.
+    check_writable(cfg.output.root_output_dir)
+    return
+  path = run_path(cfg.output.root_output_dir, cfg.output.experiment_name,
+                  resume=cfg.output.resume)
+  if cfg.output.resume:
+    lock(path).close()   # Refused if another process holds it; released at once.
+    resume_changes(config_lib.recorded_settings(path), cfg)
+    check_rounds_left(path, cfg.training.total_rounds)
+    ledger_lib.check_resumable(os.path.join(path, run_format.LEDGER_FILE))
+
+
+def run_path(root_output_dir: str, experiment_name: str, *, resume: bool) -> str:
+  """ROOT/NAME after checking the name, that it exists exactly when `resume`, and that the
+  root can hold it."""
+  if not experiment_name or os.sep in experiment_name or experiment_name in ('.', '..'):
+    raise UserInputError(f'invalid `experiment_name` {experiment_name!r}: use a plain name')
+  # `~` expanded here, where the path is used, for every caller (shells leave `--x=~/y` alone).
+  root_output_dir = os.path.expanduser(root_output_dir)
+  path = os.path.join(root_output_dir, experiment_name)
+  exists = os.path.isdir(path) and bool(os.listdir(path))
+  if resume and not exists:
+    raise UserInputError(f'`resume` given but run directory {path} does not exist')
+  if not resume and exists:
+    raise UserInputError(
+        f'run directory {path} already exists; pass `resume` to continue it or choose '
+        'another `experiment_name` (nothing was changed)')
+  check_writable(root_output_dir)
+  return path
+
+
+def check_writable(root: str) -> None:
+  """Fails early, with the reason, if run directories cannot be created under `root`, without
+  creating or writing anything (a refused run leaves the file system as it was)."""
+  existing = os.path.abspath(root)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise UserInputError(f'`root_output_dir` {root} is not writable: {existing} is a file, '
+                         'not a directory')
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise UserInputError(f'`root_output_dir` {root} is not writable: {existing} refuses '
+                         'writes (permission denied)')
+
+
+def lock(path: str):
+  """The open RUN_DIR/.lock, exclusively locked (close it to release).
+
+  A second process pointed at the same run directory (a resume while the run is still going,
+  or two runs started at once) is refused instead of interleaving ledger lines. The kernel
+  releases the lock when the process dies, even by SIGKILL. The holder's pid is written by
+  `RunDirectory.create` (a refused resume leaves .lock as it was).
+  """
+  f = open(os.path.join(path, LOCK_FILE), 'a+')  # pylint: disable=consider-using-with
+  try:
+    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError:
+    f.seek(0)
+    owner = f.read().strip() or 'another process'
+    f.close()
+    raise UserInputError(f'run directory {path} is in use by {owner}; wait for it to '
+                         'finish or stop it (nothing was changed)') from None
+  return f
+
+
+RESUMABLE_CHANGES = config_lib.RESUMABLE_SETTINGS
+
+
+def settings_to_record(cfg: ExperimentConfig, task_name: str) -> dict[str, Any]:
+  """The settings config.json records: every setting; `task` is the `task` setting for a
+  registered task, and a user's own task object's name otherwise."""
+  settings = cfg.settings()
+  if not config_lib.is_registered_task(task_name):
+    settings['task'] = task_name
+  return settings
+
+
+def resume_changes(recorded: dict[str, Any], cfg: ExperimentConfig,
+                   task_name: Optional[str] = None) -> dict[str, tuple]:
+  """{setting: (recorded value, new value)} for every setting that differs on resume.
+
+  Raises UserInputError naming each differing setting outside `RESUMABLE_CHANGES`. Settings a
+  run directory written by an older version did not record are not compared.
+  """
+  new = json.loads(json.dumps(   # JSON types, as recorded.
+      settings_to_record(cfg, task_name if task_name is not None else cfg.task.name)))
+  changes = {name: (recorded[name], value) for name, value in new.items()
+             if name in recorded and name != 'resume' and recorded[name] != value}
+  refused = {k: v for k, v in changes.items() if k not in RESUMABLE_CHANGES
+             or (k == 'total_rounds' and cfg.dp.kind in choices.CORRELATED_DP_KINDS)}
+  if refused:
+    listed = '; '.join(f'`{k}` was {old!r}, now {new_value!r}'
+                       for k, (old, new_value) in refused.items())
+    raise UserInputError(
+        f'cannot resume {os.path.join(cfg.output.root_output_dir, cfg.output.experiment_name)} '
+        f'with different settings: {listed}. A resumed run must be the same mechanism, model '
+        f'and data; only {", ".join(f"`{k}`" for k in RESUMABLE_CHANGES)} may change (nothing '
+        'was changed; with correlated noise not `total_rounds` either: the strategy is planned '
+        'for them)')
+  return changes
+
+
+def check_rounds_left(path: str, total_rounds: int) -> None:
+  """Refuses a resume with nothing to do (the run finished its `total_rounds`) or with fewer
+  rounds than it already completed, before anything is written."""
+  done = run_format.checkpointed_rounds(path)
+  finished = os.path.exists(os.path.join(path, run_format.SUMMARY_FILE))
+  if done > total_rounds or (finished and done == total_rounds):
+    raise UserInputError(
+        f'`resume`: {path} already completed {done} rounds (its last checkpoint'
+        f'{", and summary.json: it finished" if finished else ""}); nothing was changed. Give '
+        f'`total_rounds` above {done} to continue it')
+
+
