@@ -138,3 +138,17 @@ def seeded_draw(seed: int, round_num: int, client_id) -> float:
   rnd = int.from_bytes(hashlib.sha256(b'tff_dp.sampling seeded round %d %d'
                                       % (seed, round_num)).digest()[:8], 'big')
   return (_splitmix64(_splitmix64(word ^ rnd)) >> 11) * 2.0**-53
+
+
+def kept_figures(monkeypatch) -> list:
+  """The figures the package's plots draw, in order, kept to read (they are drawn without
+  pyplot, each from `plot_axes.new_axes`)."""
+  from tff_dp import plot_axes  # pylint: disable=g-import-not-at-top
+  kept, make = [], plot_axes.new_axes
+
+  def recording(figsize):
+    fig, ax = make(figsize)
+    kept.append(fig)
+    return fig, ax
+  monkeypatch.setattr(plot_axes, 'new_axes', recording)
+  return kept

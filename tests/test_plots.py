@@ -5,6 +5,7 @@ import csv
 
 import pytest
 
+from run_helpers import kept_figures
 from tff_dp.training import plots
 
 _CLIP = 'aggregator/privacy_queries/update/{}/l2_norm_clip'
@@ -21,9 +22,7 @@ def _write_csv(path, rows):
 
 @pytest.fixture
 def figures(monkeypatch):
-  kept = []
-  monkeypatch.setattr(plots.plt, 'close', kept.append)   # Keep the figures to read.
-  return kept
+  return kept_figures(monkeypatch)
 
 
 def _axes_by_file(figures, written):

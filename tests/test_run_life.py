@@ -207,3 +207,25 @@ def test_refusals_of_data_output_and_resume_come_before_tensorflow(tag_task, tag
   assert out.returncode == 2 and 'is in use by' in out.stderr, out.stderr
   assert out.stderr.strip().splitlines()[-1] == 'no tensorflow'
   assert _listing(tmp_path) == before
+
+
+def test_a_run_leaves_the_callers_random_states_and_matplotlib_as_it_found_them(tag_task,
+                                                                                  tmp_path):
+  """Issue 38, item 4: no backend switching, no global reseeding left behind."""
+  import random  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  random.seed(1234)
+  np.random.seed(4321)
+  python_state, numpy_state = random.getstate(), np.random.get_state()
+  backend, had_pyplot = matplotlib.get_backend(), 'matplotlib.pyplot' in sys.modules
+  settings = dict(DEMO, root_output_dir=str(tmp_path), total_rounds=1, uncertainty_last_k=0)
+  assert run_stopped_after(settings, tag_task, 'states').rounds_completed == 1
+  assert os.path.exists(tmp_path / 'states' / 'plots' / 'epsilon_vs_round.png')
+  assert random.getstate() == python_state
+  after = np.random.get_state()
+  assert after[0] == numpy_state[0] and np.array_equal(after[1], numpy_state[1])
+  assert after[2:] == numpy_state[2:]
+  assert matplotlib.get_backend() == backend
+  assert ('matplotlib.pyplot' in sys.modules) == had_pyplot

@@ -12,6 +12,7 @@ import pytest
 from tff_dp import ledger as ledger_lib
 from tff_dp import tables
 from tff_dp.tables import __main__ as tables_cli
+from run_helpers import kept_figures
 from tff_dp.tables import plots
 
 _Q, _Z, _ROUNDS = 0.01, 1.2, 50
@@ -171,8 +172,7 @@ def test_seeds_of_one_arm_are_shown_each_and_summarised(tmp_path, monkeypatch):
   other = _write_library_run(tmp_path, 'fixed_half', seed=2, accuracies=[0.1, 0.2, 0.3],
                              clip=0.5, arm='fixed clip 0.5')
   seed0 = _write_library_run(tmp_path, 'fixed', seed=0, accuracies=acc0)
-  figures, close = [], plots.plt.close
-  monkeypatch.setattr(plots.plt, 'close', figures.append)   # Keep the figures to read.
+  figures = kept_figures(monkeypatch)
   out = tmp_path / 'out'
   assert tables_cli.main(['prog', '--runs', seed1, other, seed0, f'--output_dir={out}']) == 0
   text = (out / 'results.md').read_text()
@@ -195,7 +195,6 @@ def test_seeds_of_one_arm_are_shown_each_and_summarised(tmp_path, monkeypatch):
   for fig in figures:
     ax = fig.axes[0]
     legends[ax.get_title()] = sorted(t.get_text() for t in ax.get_legend().get_texts())
-    close(fig)
   assert legends['Accuracy vs round'] == ['fixed clip (seed 0)', 'fixed clip (seed 1)',
                                           'fixed clip 0.5']
   assert legends['Clip norm vs round'] == legends['Accuracy vs round']
@@ -215,8 +214,7 @@ def test_cli_help_lists_the_flags_and_paths_expand_the_home_directory(tmp_path, 
 
 def test_table_plots_name_delta_and_accountant_on_epsilon_axes(tmp_path, monkeypatch):
   _write_run(str(tmp_path / 'r1'))
-  figures = []
-  monkeypatch.setattr(plots.plt, 'close', figures.append)
+  figures = kept_figures(monkeypatch)
   out = tables.build_tables([str(tmp_path / 'r1')], str(tmp_path / 'out'), method='pld')
   axes = {os.path.basename(p): f.axes[0] for p, f in zip(out['plots'], figures)}
   delta = out['results'][0].delta

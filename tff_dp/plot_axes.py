@@ -5,7 +5,16 @@ axes in plain numbers, integer round axes."""
 import math
 from typing import Optional, Sequence
 
+from matplotlib import figure
 from matplotlib import ticker
+
+
+def new_axes(figsize: tuple):
+  """(figure, axes) drawn without pyplot: no backend is selected and no global figure list is
+  touched, so a run's plots change nothing in the caller's matplotlib (`Figure.savefig` renders
+  PNG by itself)."""
+  fig = figure.Figure(figsize=figsize)
+  return fig, fig.subplots()
 
 
 def accountant_name(epsilon_column: str) -> str:

@@ -5,14 +5,9 @@ import os
 import re
 from typing import Sequence
 
-import matplotlib
-
-matplotlib.use('Agg')
-import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-top
-
-from tff_dp import plot_axes  # noqa: E402
-from tff_dp.run_format import columns  # noqa: E402
-from tff_dp.tables.run_results import RunResult  # noqa: E402
+from tff_dp import plot_axes
+from tff_dp.run_format import columns
+from tff_dp.tables.run_results import RunResult
 
 # Model variants evaluated in a run: the last iterate and the checkpoint aggregates.
 _VARIANTS = (('eval_accuracy', '', '-'), ('eval_ema_accuracy', ' (EMA)', '--'),
@@ -77,10 +72,9 @@ def write_plots(results: Sequence[RunResult], out_dir: str, prefix: str, *,
     fig.tight_layout()
     path = os.path.join(out_dir, f'{prefix}_{name}.png')
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     written.append(path)
 
-  fig, ax = plt.subplots(figsize=(6.5, 4))
+  fig, ax = plot_axes.new_axes((6.5, 4))
   for r, label in zip(results, labels):
     for col, suffix, style in _VARIANTS:
       if col in r.curve:
@@ -88,7 +82,7 @@ def write_plots(results: Sequence[RunResult], out_dir: str, prefix: str, *,
   ax.set(xlabel='round', ylabel='eval accuracy')
   save(fig, ax, 'accuracy_vs_round', 'Accuracy vs round')
 
-  fig, ax = plt.subplots(figsize=(6.5, 4))
+  fig, ax = plot_axes.new_axes((6.5, 4))
   clip_values = []
   for r, label in zip(results, labels):
     cols = _clip_columns(r)
@@ -110,14 +104,14 @@ def write_plots(results: Sequence[RunResult], out_dir: str, prefix: str, *,
   ax.set(xlabel='round', ylabel='clip norm (L2)')
   save(fig, ax, 'clip_vs_round', 'Clip norm vs round')
 
-  fig, ax = plt.subplots(figsize=(6.5, 4))
+  fig, ax = plot_axes.new_axes((6.5, 4))
   for r, label in zip(results, labels):
     if r.epsilon_curve:
       ax.plot(*zip(*r.epsilon_curve), marker='.', label=f'{label} (delta={r.delta:.3g})')
   ax.set(xlabel='round', ylabel=_epsilon_label(results, accountant))
   save(fig, ax, 'epsilon_vs_round', 'Epsilon vs round (replayed from each ledger)')
 
-  fig, ax = plt.subplots(figsize=(6.5, 4))
+  fig, ax = plot_axes.new_axes((6.5, 4))
   for r, label in zip(results, labels):
     eps_at = dict(r.epsilon_curve)
     for col, suffix, style in _VARIANTS:

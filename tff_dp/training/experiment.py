@@ -9,7 +9,10 @@ import contextlib
 import dataclasses
 import json
 import os
+import random
 from typing import Any, Optional
+
+import numpy as np
 
 import tensorflow as tf
 
@@ -60,6 +63,7 @@ def run(cfg: ExperimentConfig, task, *, log=print,
   issue 13).
   """
   with contextlib.ExitStack() as stack:
+    stack.enter_context(_callers_random_states())
     if stop is None:
       stop = stack.enter_context(stop_signal.StopSignal(log))
     cfg = cfg.with_run_name(task.name)
@@ -90,6 +94,18 @@ def _train_ids(cfg: ExperimentConfig, task) -> tuple[list, list]:
     n = cfg.adadps.num_public_clients
     return train_ids[:n], train_ids[n:]
   return [], train_ids
+
+
+@contextlib.contextmanager
+def _callers_random_states():
+  """Gives the caller's Python and NumPy random states back when the run ends: the run seeds
+  them (`tf.keras.utils.set_random_seed`, for Keras' initializers) only while it lasts."""
+  python_state, numpy_state = random.getstate(), np.random.get_state()
+  try:
+    yield
+  finally:
+    random.setstate(python_state)
+    np.random.set_state(numpy_state)
 
 
 def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDirectory, *,

@@ -9,13 +9,8 @@ import math
 import os
 from typing import Mapping, Optional
 
-import matplotlib
-
-matplotlib.use('Agg')
-import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-top
-
-from tff_dp import plot_axes  # noqa: E402
-from tff_dp.run_format import columns as columns_lib  # noqa: E402
+from tff_dp import plot_axes
+from tff_dp.run_format import columns as columns_lib
 from tff_dp.run_format import metrics_csv as metrics_csv_lib  # noqa: E402
 
 
@@ -41,7 +36,7 @@ def _clip_label(column: str, group_labels: Mapping[str, str]) -> str:
 
 def _epsilon_figure(rounds, curves, ylabel: str, title: str):
   """Epsilon curves [(values, label, line style)] against rounds, from zero, with room above."""
-  fig, ax = plt.subplots(figsize=(6, 4))
+  fig, ax = plot_axes.new_axes((6, 4))
   for values, label, style in curves:
     ax.plot(*_finite_pairs(rounds, values), marker='o', markersize=3, linestyle=style,
             label=label)
@@ -72,7 +67,6 @@ def write_run_plots(metrics_csv: str, out_dir: str, *, delta: Optional[float] = 
     path = os.path.join(out_dir, name)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     written.append(path)
   return written
 
@@ -123,7 +117,7 @@ def _clip_figures(cols, clip_group_labels: Mapping[str, str]) -> list:
   if not clip_cols:
     return []
   rounds = cols.get('round', [])
-  fig, ax = plt.subplots(figsize=(6, 4))
+  fig, ax = plot_axes.new_axes((6, 4))
   for k in clip_cols[:20]:
     ax.plot(*_finite_pairs(rounds, cols[k]), marker='o', markersize=2,
             label=_clip_label(k, clip_group_labels))
@@ -142,7 +136,7 @@ def _accuracy_figures(cols, delta) -> list:
     return []
   eps_cols = _with_numbers(cols, columns_lib.EPSILON)
   xname = eps_cols[0] if eps_cols else 'round'
-  fig, ax = plt.subplots(figsize=(6, 4))
+  fig, ax = plot_axes.new_axes((6, 4))
   for k in acc_cols:
     label = k.replace('eval_', '').replace('_accuracy', '').replace('accuracy', 'last iterate')
     ax.plot(*_finite_pairs(cols[xname], cols[k]), marker='.', label=label)
