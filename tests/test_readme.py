@@ -52,6 +52,7 @@ def test_python_block_runs_as_printed(index, tmp_path, monkeypatch):
     acc = dp_accounting.rdp.RdpAccountant()
     acc.compose(dp_accounting.GaussianDpEvent(1.0))
     assert found and float(found.group(1)) == pytest.approx(acc.get_epsilon(1e-3), abs=1e-3)
+    assert 'zero-out (replace-special): matrix mechanism under b-min-separation' in printed
   elif 'build_unweighted_fed_avg' in block:
     assert re.search(r'epsilon \d+\.\d+ at delta 1e-3 after 8 rounds', printed), printed
   else:

@@ -1,0 +1,149 @@
+"""DP aggregation for your own TFF learning loop: the aggregator, the sampler, the ledger and the
+accountant bound together, so that a pipeline goes from its loop to epsilon in a few lines:
+
+    private = PrivateAggregation.build('blt', client_ids, clients_per_round=4, clip=1.0,
+                                       noise_multiplier=1.0, rounds=6, delta=1e-3)
+    process = tff.learning.algorithms.build_unweighted_fed_avg(
+        model_fn, client_optimizer_fn, model_aggregator=private.aggregator)
+    state = process.initialize()
+    for r in range(1, 7):
+      output = process.next(state, [datasets[c] for c in private.sample(r)])
+      state = output.state
+      private.record(r, output.metrics)
+    private.epsilon(), private.statement()
+
+The sampler is the one the mechanism's claim is proven for (`accounting.claims`): Poisson for
+DP-FedAvg kinds, shuffled epochs for tree DP-FTRL, min separation for BLT / BandMF (or cyclic
+Poisson for amplified BandMF); another is refused unless the claim table has a proof for it.
+Each round is recorded from what the aggregator itself reported (`privacy_queries`), appended
+to a ledger when `ledger_path` is given, and accounted; the statement names the relation and
+its theorem. The samples are secret (OS randomness) unless `sampling_seed` is given, and then
+the statement's headline is the epsilon against the seed holder.
+"""
+
+import dataclasses
+import math
+from typing import Any, Hashable, Optional, Sequence
+
+from tff_dp import aggregators
+from tff_dp import choices
+from tff_dp import errors
+from tff_dp import ledger as ledger_lib
+from tff_dp import sampling
+from tff_dp.accounting import accountant as accountant_lib
+from tff_dp.accounting import claims
+from tff_dp.accounting import guarantee
+
+# The sampler each kind of noise is run with by default: the one its claim is proven for.
+DEFAULT_SAMPLERS = {'independent': 'poisson', 'tree': 'shuffled', 'correlated': 'min_separation'}
+
+
+@dataclasses.dataclass
+class PrivateAggregation:
+  """A DP mechanism, its sampler and its accountant (build one with `build`).
+
+  aggregator: the `tff.aggregators` factory to pass as `model_aggregator`.
+  sampler: draws each round's clients (`sample`).
+  accountant: composes the recorded rounds (`tff_dp.accounting.LedgerAccountant`).
+  claim: the (noise, sampler) row of the claim table: relation and proof.
+  """
+  kind: str
+  aggregator: Any
+  sampler: Any
+  accountant: accountant_lib.LedgerAccountant
+  claim: claims.Claim
+  ledger: Optional[ledger_lib.PrivacyLedger] = None
+  records: list = dataclasses.field(default_factory=list)
+
+  @classmethod
+  def build(cls, kind: str, client_ids: Sequence[Hashable], *, clients_per_round: int,
+            clip: float, noise_multiplier: float, delta: float, rounds: Optional[int] = None,
+            sampling_kind: Optional[str] = None, sampling_seed: Optional[int] = None,
+            bands: Optional[int] = None, ledger_path: Optional[str] = None,
+            ledger_key: Optional[bytes] = None, **aggregator_options) -> 'PrivateAggregation':
+    """The mechanism `kind` (a `choices.DP_KINDS` name but 'none') over `client_ids`.
+
+    rounds: the rounds the run will have (correlated noise plans its strategy for them).
+    sampling_kind: a `choices.CLIENT_SAMPLERS` name (default: the proven one for `kind`).
+    bands: BandMF's bands (cyclic Poisson: also its groups).
+    ledger_path / ledger_key: append every record to a ledger there (with MACs under the key).
+    aggregator_options: further arguments of `aggregators.build_dp_aggregator`.
+    """
+    if kind == 'none' or kind not in choices.DP_KINDS:
+      kinds = choices.one_of([k for k in choices.DP_KINDS if k != 'none'])
+      raise errors.UserInputError(f'`kind` must be one of {kinds}, got {kind!r}')
+    noise = choices.noise_of(kind)
+    sampling_kind = sampling_kind or DEFAULT_SAMPLERS[noise]
+    claim = claims.claim_for_kind(kind, sampling_kind)
+    groups = bands if sampling_kind == 'cyclic_poisson' else None
+    sampler = sampling.build_sampler(sampling_kind, list(client_ids), clients_per_round,
+                                     seed=sampling_seed, groups=groups)
+    options = dict(aggregator_options)
+    if noise == 'tree':
+      options.setdefault('rounds_per_epoch', sampler.rounds_per_epoch)
+    if noise == 'correlated':
+      if rounds is None:
+        raise errors.UserInputError(f'`kind={kind}` plans its noise for the run: give `rounds`')
+      cycle = sampler.rounds_per_epoch
+      options.update(rounds=rounds, min_separation=cycle,
+                     max_participations=1 if groups else math.ceil(rounds / cycle),
+                     amplified=groups is not None)
+      if bands is not None:
+        options['bands'] = bands
+    aggregator = aggregators.build_dp_aggregator(
+        kind, noise_multiplier=noise_multiplier, clients_per_round=float(clients_per_round),
+        clip=clip, **options)
+    ledger = (ledger_lib.PrivacyLedger(ledger_path, mac_key=ledger_key)
+              if ledger_path is not None else None)
+    return cls(kind, aggregator, sampler,
+               accountant_lib.LedgerAccountant(delta, neighboring_relation=claim.columns_relation),
+               claim, ledger)
+
+  def sample(self, round_num: int) -> list:
+    """The clients of round `round_num` (1-based), drawn once."""
+    return self.sampler.sample(round_num)
+
+  def record(self, round_num: int, metrics) -> ledger_lib.RoundRecord:
+    """Records round `round_num` from the process's output metrics (or the aggregator's own
+    measurements): the queries the aggregator executed, its tree leaf, the strategy."""
+    found = metrics.get('aggregator', metrics) if hasattr(metrics, 'get') else metrics
+    queries = aggregators.find_privacy_queries(found)
+    if not queries:
+      raise errors.UserInputError('the metrics hold no privacy_queries: pass the output '
+                                  'metrics of a process built with `aggregator`')
+    record = ledger_lib.RoundRecord(round_num, self.sampler.sampling_event(round_num),
+                                    tuple(queries), aggregators.find_tree_leaf(found),
+                                    getattr(self.aggregator, 'strategy', None))
+    if self.ledger is not None:
+      self.ledger.append(record)
+    self.accountant.add(record)
+    self.records.append(record)
+    return record
+
+  def epsilon(self) -> dict:
+    """{'rdp': epsilon, 'pld': epsilon} after the recorded rounds, at the accountant's delta,
+    under the claim's relation (against a seed holder, see `statement`)."""
+    return self.accountant.epsilon(final=True)
+
+  def statement(self) -> dict:
+    """The guarantee of the recorded rounds: epsilon, delta, relation and the theorem."""
+    epsilons = self.epsilon()
+    seeded = not self.sampler.secret and self.claim.amplified
+    result = {'mechanism': self.kind, 'sampling': self.claim.sampler,
+              'rounds': len(self.records), 'delta': self.accountant.delta,
+              'neighboring_relation': self.claim.columns_relation,
+              'relation': claims.RELATION_NAMES[self.claim.columns_relation],
+              'proof': self.claim.proof, 'epsilon': epsilons,
+              'population_size': 'treated as public'}
+    if self.claim.sampler == 'fixed_size':
+      result['epsilon'] = {'rdp': guarantee.fixed_size_proven(self.records,
+                                                              self.accountant.delta)}
+      result['neighboring_relation'] = self.claim.relation
+      result['relation'] = claims.RELATION_NAMES[self.claim.relation]
+      result['epsilon_poisson_approximation'] = epsilons
+    if seeded:
+      result['epsilon_if_seed_secret'] = result['epsilon']
+      result['epsilon'] = guarantee.without_amplification(
+          self.records, self.accountant.delta, self.accountant.methods, self.claim.relation)
+      result['note'] = 'against anyone who holds the sampling seed (no amplification)'
+    return result
