@@ -93,3 +93,19 @@ def test_sigkilled_coordinator_takes_its_worker_with_it(tmp_path):
   while runtime._alive(workers[0]) and time.monotonic() < deadline:
     time.sleep(0.1)
   assert not runtime._alive(workers[0])
+
+
+def test_a_worker_killed_between_fork_and_start_is_started_again(tmp_path):
+  """A child that dies by a signal right after its fork (a CI run saw one abort before exec)
+  is reaped and started again, instead of being handed to TFF as a live worker."""
+  marker = tmp_path / 'born_once'
+  command = ['sh', '-c', f'if [ -e {marker} ]; then exec sleep 30; fi; '
+                         f'touch {marker}; kill -ABRT $$']
+  process = runtime.WorkerPopen(command)
+  try:
+    assert marker.exists() and process.poll() is None   # The second birth lives.
+  finally:
+    process.kill()
+    process.wait()
+  exits = runtime.WorkerPopen(['sh', '-c', 'exit 3'])   # A worker's own exit is its own.
+  assert exits.wait() == 3

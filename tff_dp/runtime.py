@@ -247,7 +247,29 @@ class WorkerPopen(subprocess.Popen):
     with _spawner_lock:
       if _spawner is None:
         _spawner = _Spawner()
-    _spawner.call(lambda: super(WorkerPopen, self).__init__(args, **kwargs))
+    for _ in range(_SPAWN_ATTEMPTS):
+      _spawner.call(lambda: super(WorkerPopen, self).__init__(args, **kwargs))
+      if not _killed_at_birth(self):
+        return
+
+
+# A forked child can be killed by a signal before it execs the worker: a CI run saw a child
+# abort (SIGABRT, faulthandler's dump of the forking thread) between fork and exec, in a process
+# full of TensorFlow threads; Popen cannot tell that from a started worker (both close its error
+# pipe without a word), and TFF then waits for the dead worker forever. Such a child is reaped
+# and the worker started again.
+_SPAWN_ATTEMPTS = 3
+_BIRTH_SECONDS = 0.05
+
+
+def _killed_at_birth(process: subprocess.Popen) -> bool:
+  """Whether `process` was killed by a signal within _BIRTH_SECONDS of its fork (then it is
+  reaped). A worker that exits by itself (e.g. its port is taken) is left as it is."""
+  try:
+    code = process.wait(timeout=_BIRTH_SECONDS)
+  except subprocess.TimeoutExpired:
+    return False
+  return code < 0 and -code != signal.SIGKILL
 
 
 def worker_environment(base=None) -> dict[str, str]:
