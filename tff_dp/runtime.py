@@ -1,3 +1,6 @@
+# Longer than 350 lines: the execution context's lifecycle, the one thread that forks TFF's
+# workers and the environment they start with are one mechanism (who starts a worker, how it
+# dies with its parent), read side by side.
 """Lifecycle of TFF's C++ execution context.
 
 TFF 0.87 starts a `worker_binary` subprocess on the first computation. It is only killed in
