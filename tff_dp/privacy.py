@@ -34,8 +34,10 @@ from tff_dp.accounting import accountant as accountant_lib
 from tff_dp.accounting import claims
 from tff_dp.accounting import guarantee
 
-# The sampler each kind of noise is run with by default: the one its claim is proven for.
-DEFAULT_SAMPLERS = {'independent': 'poisson', 'tree': 'shuffled', 'correlated': 'min_separation'}
+
+def default_sampler(noise: str) -> str:
+  """The sampler `noise` runs with by default: the first the claim table proves it for."""
+  return next(c.sampler for c in claims.CLAIMS if c.noise == noise)
 
 
 @dataclasses.dataclass
@@ -73,7 +75,7 @@ class PrivateAggregation:
       kinds = choices.one_of([k for k in choices.DP_KINDS if k != 'none'])
       raise errors.UserInputError(f'`kind` must be one of {kinds}, got {kind!r}')
     noise = choices.noise_of(kind)
-    sampling_kind = sampling_kind or DEFAULT_SAMPLERS[noise]
+    sampling_kind = sampling_kind or default_sampler(noise)
     claim = claims.claim_for_kind(kind, sampling_kind)
     groups = bands if sampling_kind == 'cyclic_poisson' else None
     sampler = sampling.build_sampler(sampling_kind, list(client_ids), clients_per_round,
