@@ -15,9 +15,7 @@ import os
 import signal
 import sys
 
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-
-from tff_dp.training import stop_signal  # noqa: E402  (no TensorFlow: imported first)
+from tff_dp.training import stop_signal  # No TensorFlow: imported first.
 
 # Installed before TensorFlow is imported, so that Ctrl-C or SIGTERM at any moment of start-up
 # is seen (a KeyboardInterrupt raised inside TF's import or its gc callbacks can be swallowed)
@@ -45,15 +43,13 @@ def main(argv) -> int:
     preflight.check(cfg)   # The data, the run directory, a resume: still no TensorFlow.
     if _STOP is not None:
       _STOP.raise_if_received('during start-up')
+    if not cfg.runtime.native_logs:   # This process is ours: TensorFlow's INFO lines off.
+      os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
     # pylint: disable=g-import-not-at-top  (start-up time: a flag error is reported first)
     from absl import flags
-    from absl import logging
-    import tensorflow as tf
     import tff_dp
     if not flags.FLAGS.is_parsed():   # absl logging expects parsed flags; ours are separate.
       flags.FLAGS.mark_as_parsed()
-    logging.set_verbosity(logging.WARNING)   # Keep the console to one line per round.
-    tf.get_logger().setLevel('ERROR')
     summary = tff_dp.run(cfg, stop=_STOP, log=lambda line: print(_as_flags(line)))
   except UserInputError as e:
     return cli_flags.report(e, FLAG_NAMES)
@@ -64,16 +60,25 @@ def main(argv) -> int:
     print(_as_flags(str(e)), file=sys.stderr)
     return 128 + e.signum
   except KeyboardInterrupt:   # A second Ctrl-C: abort at once (the ledger stays valid).
-    print('error: interrupted; outputs written so far are intact, continue with --resume',
-          file=sys.stderr)
+    print(f'error: {_aborted()}', file=sys.stderr)
     return 130
   if summary.stopped_by_signal:
     signum = int(getattr(signal, summary.stopped_by_signal))
-    print(f'stopped by {summary.stopped_by_signal} after round {summary.rounds_completed}; '
-          f'outputs in {summary.run_dir} are consistent: continue with --resume')
+    when = (f'after round {summary.rounds_completed}' if summary.rounds_completed
+            else 'before round 1')
+    print(f'stopped by {summary.stopped_by_signal} {when}; outputs in {summary.run_dir} are '
+          'consistent: continue with --resume')
     return 128 + signum
   print(f'done: {summary.rounds_completed} rounds; outputs in {summary.run_dir}')
   return 0
+
+
+def _aborted() -> str:
+  """What an abort (a second Ctrl-C) leaves, as far as this process got."""
+  if _STOP is None or _STOP.run_dir is None:
+    return 'interrupted during start-up; nothing of the run was written'
+  return (f'interrupted; what {_STOP.run_dir} holds is intact (the ledger counts every round '
+          'that ran): continue with --resume')
 
 
 def _as_flags(line: str) -> str:

@@ -322,10 +322,14 @@ def test_a_seeded_cyclic_poisson_run_headlines_the_epsilon_against_the_seed_hold
   assert against['pld'] > 1.5 * amplified[1]
   facts = release.RunFacts(dp=True, noise_state_in_checkpoints=True, eval_covered=True,
                            seeded=True, private_release=False)
+  epsilons = {'rdp': amplified[0], 'pld': amplified[1]}
+  head = guarantee.headline(records, epsilons, DELTA, ('rdp', 'pld'),
+                            claims.claim_for_kind('bandmf', 'cyclic_poisson'), seeded=True)
+  assert head.epsilon == against and head.if_seed_secret == epsilons
   s = privacy_statement.statement(
-      dp='bandmf', rounds_completed=12, epsilons={'rdp': amplified[0], 'pld': amplified[1]},
+      dp='bandmf', rounds_completed=12, epsilons=epsilons,
       delta=DELTA, sampling_event=sampler.sampling_event(12), facts=facts, released_columns=(),
-      eval_data='holdout', without_amplification=against)
+      eval_data='holdout', headline=head)
   assert s['epsilon'] == against and s['neighboring_relation'] == 'add_remove'
   assert s['epsilon_if_seed_secret'] == {'rdp': amplified[0], 'pld': amplified[1]}
   assert 'Theorem 4' in s['proof'] and 'public' in s['population_size']
@@ -333,10 +337,12 @@ def test_a_seeded_cyclic_poisson_run_headlines_the_epsilon_against_the_seed_hold
   assert f'proof: {s["proof"]}; N is treated as public' in privacy_statement.format_statement(s)
   # Without amplification in its claim, a seed changes nothing (min separation: zero-out).
   ms = sampling.build_sampler('min_separation', IDS, 10, seed=3)
+  head = guarantee.headline([], {'rdp': 4.0}, DELTA, ('rdp',),
+                            claims.claim_for_kind('blt', 'min_separation'), seeded=True)
+  assert head == guarantee.Headline({'rdp': 4.0}, claims.ZERO_OUT)
   s = privacy_statement.statement(
       dp='blt', rounds_completed=12, epsilons={'rdp': 4.0}, delta=DELTA,
-      sampling_event=ms.sampling_event(1), facts=facts, released_columns=(),
-      without_amplification={'rdp': 9.0})
+      sampling_event=ms.sampling_event(1), facts=facts, released_columns=(), headline=head)
   assert s['epsilon'] == {'rdp': 4.0} and s['neighboring_relation'] == claims.ZERO_OUT
 
 

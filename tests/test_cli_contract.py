@@ -189,3 +189,41 @@ def _main_of(module, args):
   with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
     code = module.main(['prog'] + args)
   return code, err.getvalue()
+
+
+def _pairs_without_a_proof():
+  """Every (dp kind, sampler) the flags accept one by one but the claim table has no proof for:
+  generated from the declarations (`choices`), the table read only through its public lookup."""
+  # pylint: disable=g-import-not-at-top
+  from tff_dp import choices
+  from tff_dp.accounting import claims
+  from tff_dp.errors import UserInputError
+  pairs = []
+  for kind in choices.DP_KINDS:
+    for sampler in choices.CLIENT_SAMPLERS:
+      if kind == 'none':
+        continue
+      try:
+        claims.claim_for_kind(kind, sampler)
+      except UserInputError:
+        pairs.append((kind, sampler))
+  return pairs
+
+
+_UNPROVEN = _pairs_without_a_proof()
+
+
+def test_incompatible_pairs_are_generated_and_many():
+  from tff_dp import choices  # pylint: disable=g-import-not-at-top
+  kinds = len(choices.DP_KINDS) - 1
+  assert kinds * len(choices.CLIENT_SAMPLERS) > len(_UNPROVEN) >= kinds   # Each kind has some.
+  assert ('blt', 'poisson') in _UNPROVEN and ('adaptive', 'poisson') not in _UNPROVEN
+
+
+@pytest.mark.parametrize('kind, sampler', _UNPROVEN, ids=[f'{k}-{s}' for k, s in _UNPROVEN])
+def test_a_mechanism_with_a_sampler_it_has_no_proof_for_is_refused_in_one_line(kind, sampler,
+                                                                               tmp_path):
+  """Values valid one by one, incompatible together: the run must not start (issue 37)."""
+  args = [f'--dp={kind}', '--clip=0.1', '--noise_multiplier=1', f'--client_sampling={sampler}',
+          f'--root_output_dir={tmp_path}']
+  _check_refused('run_experiment.py', args, 'client_sampling', tmp_path)

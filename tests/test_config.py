@@ -71,14 +71,15 @@ def test_settings_hold_every_field_and_round_trip_through_json():
 def test_the_settings_a_resume_may_change_are_the_same_as_before():
   """Cadence, stopping, reporting, execution and paper notes (the list before issue 14, with
   the former `runtime_settings` spelled out), and where the run directory is (issue 25: its
-  location is not a setting of the run)."""
+  location is not a setting of the run), and whether native log lines are shown (issue 37)."""
   assert sorted(config_lib.RESUMABLE_SETTINGS) == sorted([
       'root_output_dir', 'experiment_name',
       'total_rounds', 'max_epsilon', 'rounds_per_eval', 'rounds_per_checkpoint',
       'max_eval_examples', 'pld_every', 'accounting', 'client_cache_size', 'prefetch_clients',
       'worker_restart_rounds', 'loop_implementation', 'datasets_on_workers', 'workers',
       'max_concurrent_computation_calls', 'client_slices', 'worker_unavailable_timeout',
-      'worker_rpc_timeout', 'paper_table', 'paper_arm', 'paper_results', 'paper_note'])
+      'worker_rpc_timeout', 'native_logs', 'paper_table', 'paper_arm', 'paper_results',
+      'paper_note'])
 
 
 @pytest.mark.parametrize('settings,message', [

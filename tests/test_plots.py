@@ -52,14 +52,15 @@ def _tick_labels(ax, figure):
 
 
 @pytest.mark.parametrize('low, high, scale', [(0.1, 0.12, 'linear'), (0.013, 0.019, 'linear'),
-                                              (0.02, 40.0, 'log'), (3e-4, 2e-3, 'log')])
+                                              (0.1, 0.37, 'linear'), (3e-4, 2e-3, 'linear'),
+                                              (0.02, 40.0, 'log'), (0.3, 3.1, 'log')])
 def test_clip_axis_has_readable_ticks_at_any_range(tmp_path, figures, low, high, scale):
   rows = [{'round': r, _CLIP.format('group_0'): low + (high - low) * r / 9} for r in range(10)]
   written = plots.write_run_plots(_write_csv(tmp_path / 'm.csv', rows), str(tmp_path / 'p'))
   ax = _axes_by_file(figures, written)['clip_vs_round.png']
   assert ax.get_yscale() == scale
   labels = _tick_labels(ax, figures[written.index(str(tmp_path / 'p' / 'clip_vs_round.png'))])
-  assert len(labels) >= 2
+  assert len(labels) >= 3, labels   # A log axis within a decade had two (issue 37.10).
   # Plain numbers (no 10^k mathtext, no offset/scientific notation hiding the values).
   assert all('$' not in t and 'e' not in t.lower() for t in labels), labels
   assert ax.yaxis.get_offset_text().get_text() == ''
@@ -85,3 +86,27 @@ def test_one_round_gets_integer_round_ticks_around_it(tmp_path, figures):
   ticks = [t for t in ax.get_xticks() if low <= t <= high]
   assert low < 1 < high and 1 in ticks and all(float(t).is_integer() for t in ticks)
   assert ax.get_ylim()[0] == 0
+
+
+def test_accuracy_legend_says_what_each_model_is_and_the_axis_where_it_was_evaluated(
+    tmp_path, figures):
+  rows = [{'round': r, 'epsilon_rdp': 0.5 * r, 'eval_accuracy': 0.1 * r,
+           'eval_past_k_accuracy': 0.1 * r, 'eval_ema_accuracy': 0.1 * r} for r in (1, 2)]
+  written = plots.write_run_plots(
+      _write_csv(tmp_path / 'm.csv', rows), str(tmp_path / 'p'), delta=1e-5,
+      model_labels={'past_k': 'average of the last 3 models'}, eval_data='holdout')
+  ax = _axes_by_file(figures, written)['accuracy_vs_epsilon.png']
+  assert [line.get_label() for line in ax.lines] == [
+      'last iterate', 'ema', 'average of the last 3 models']   # 'ema': no label given.
+  assert 'held-out clients' in ax.get_ylabel()
+
+
+def test_a_noise_cohort_runs_own_epsilon_says_it_is_the_simulations(tmp_path, figures):
+  rows = [{'round': r, 'epsilon_rdp': 40.0 * r, 'projected_epsilon_rdp': 0.1 * r}
+          for r in (1, 2)]
+  written = plots.write_run_plots(_write_csv(tmp_path / 'm.csv', rows), str(tmp_path / 'p'),
+                                  delta=1e-5, projection_delta=1e-7, simulation=True)
+  axes = _axes_by_file(figures, written)
+  assert 'simulation' in axes['epsilon_vs_round.png'].get_title()
+  assert 'projected_epsilon_vs_round.png' in axes['epsilon_vs_round.png'].get_title()
+  assert 'not a guarantee' in axes['projected_epsilon_vs_round.png'].get_title()

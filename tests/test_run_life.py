@@ -6,6 +6,7 @@ import os
 import pytest
 
 from tff_dp.errors import UserInputError
+from run_helpers import kept_figures
 from run_helpers import run_stopped_after
 
 # The demo's settings (Makefile DEMO_FLAGS), on the small tag task.
@@ -15,9 +16,10 @@ DEMO = dict(task='stackoverflow_tag', dp='adaptive', clip=0.1, noise_multiplier=
             delta=1e-3)
 
 
-def test_the_demo_run_resumes(tag_task, tmp_path):
+def test_the_demo_run_resumes(tag_task, tmp_path, monkeypatch):
   """A run with the demo's flags (last-k uncertainty among them) stopped, then resumed to more
   rounds: it used to crash restoring the last-k models into an empty list."""
+  figures = kept_figures(monkeypatch)
   settings = dict(DEMO, root_output_dir=str(tmp_path), total_rounds=2)
   first = run_stopped_after(settings, tag_task, 'demo')
   assert first.rounds_completed == 2
@@ -25,6 +27,10 @@ def test_the_demo_run_resumes(tag_task, tmp_path):
   assert resumed.rounds_completed == 4
   with open(tmp_path / 'demo' / 'uncertainty.json') as f:
     assert json.load(f)['statistics']['accuracy']['k'] == 4   # Rounds 1-4, all kept (k = 5).
+  accuracy = [f.axes[0] for f in figures if f.axes[0].get_title().startswith('Accuracy')][-1]
+  assert sorted(line.get_label() for line in accuracy.lines) == [   # k and beta in the legend.
+      'EMA of the models (beta = 0.9, warmup)', 'average of the last 3 models', 'last iterate']
+  assert 'held-out clients' in accuracy.get_ylabel()
 
 
 def test_a_finished_run_is_not_resumed_to_fewer_rounds(tag_task, tmp_path):

@@ -34,7 +34,8 @@ def draw(curves: Sequence, path: str, *, delta: float, population: int,
     ax.set_xlabel('rounds (a run of that many rounds)')
     ax.set_ylabel(plot_axes.epsilon_axis_label(delta, ['RDP']))
     plot_axes.readable_log_axis(ax, [e for c in mine for e in c.epsilons])
-    title = (descriptions or {}).get(mechanism, mechanism)
+    described = (descriptions or {}).get(mechanism)   # Named as the table's rows name it.
+    title = f'{mechanism}: {described}' if described else mechanism
     ax.set_title(f'{title}\npopulation {population:,}', fontsize=9)
     ax.grid(True, which='both', alpha=0.3)
     ax.legend(fontsize=7)

@@ -31,16 +31,19 @@ def epsilon_axis_label(delta: Optional[float], accountants: Sequence[str]) -> st
 
 def readable_log_axis(ax, values) -> None:
   """Log scale with plain-number ticks (1-2-5 per decade) when the values span more than a
-  factor of 3; a linear axis without offset notation otherwise (a log axis inside one decade
-  can show no labelled tick at all)."""
+  decade; a linear axis in plain numbers (no offset, no scientific notation) otherwise: a log
+  axis over less than a decade shows two labelled ticks or none (0.1 and 0.2 for a clip curve
+  from 0.1 to 0.37)."""
   values = [v for v in values if v > 0 and math.isfinite(v)]
-  if values and max(values) / min(values) > 3:
+  if values and max(values) / min(values) > 10:
     ax.set_yscale('log')
     ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
     ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f'{v:g}'))
     ax.yaxis.set_minor_formatter(ticker.NullFormatter())
   else:
-    ax.yaxis.set_major_formatter(ticker.ScalarFormatter(useOffset=False))
+    plain = ticker.ScalarFormatter(useOffset=False)
+    plain.set_scientific(False)
+    ax.yaxis.set_major_formatter(plain)
 
 
 def round_axis(ax, rounds) -> None:

@@ -128,24 +128,20 @@ class PrivateAggregation:
     return self.accountant.epsilon(final=True)
 
   def statement(self) -> dict:
-    """The guarantee of the recorded rounds: epsilon, delta, relation and the theorem."""
-    epsilons = self.epsilon()
-    seeded = not self.sampler.secret and self.claim.amplified
+    """The guarantee of the recorded rounds: epsilon, delta, relation and the theorem (the
+    headline `accounting.guarantee.headline` chooses, as a run's statement does)."""
+    seeded = not self.sampler.secret
+    head = guarantee.headline(self.records, self.epsilon(), self.accountant.delta,
+                              self.accountant.methods, self.claim, seeded)
     result = {'mechanism': self.kind, 'sampling': self.claim.sampler,
               'rounds': len(self.records), 'delta': self.accountant.delta,
-              'neighboring_relation': self.claim.columns_relation,
-              'relation': claims.RELATION_NAMES[self.claim.columns_relation],
-              'proof': self.claim.proof, 'epsilon': epsilons,
+              'neighboring_relation': head.relation,
+              'relation': claims.RELATION_NAMES[head.relation],
+              'proof': self.claim.proof, 'epsilon': dict(head.epsilon),
               'population_size': 'treated as public'}
-    if self.claim.sampler == 'fixed_size':
-      result['epsilon'] = {'rdp': guarantee.fixed_size_proven(self.records,
-                                                              self.accountant.delta)}
-      result['neighboring_relation'] = self.claim.relation
-      result['relation'] = claims.RELATION_NAMES[self.claim.relation]
-      result['epsilon_poisson_approximation'] = epsilons
-    if seeded:
-      result['epsilon_if_seed_secret'] = result['epsilon']
-      result['epsilon'] = guarantee.without_amplification(
-          self.records, self.accountant.delta, self.accountant.methods, self.claim.relation)
+    if head.poisson_approximation is not None:
+      result['epsilon_poisson_approximation'] = dict(head.poisson_approximation)
+    if head.if_seed_secret is not None:
+      result['epsilon_if_seed_secret'] = dict(head.if_seed_secret)
       result['note'] = 'against anyone who holds the sampling seed (no amplification)'
     return result

@@ -26,6 +26,8 @@ import sys
 import threading
 import time
 
+from tff_dp import native_logs
+
 _WORKER_NAME = 'worker_binary'
 _installed = False
 
@@ -247,6 +249,11 @@ class WorkerPopen(subprocess.Popen):
     if kwargs.get('preexec_fn') is None:
       kwargs['preexec_fn'] = _die_with(os.getpid())
     kwargs['env'] = worker_environment(kwargs.get('env'))
+    # Its own process group: a terminal's Ctrl-C reaches this process alone, which stops the
+    # run gracefully. A worker killed by it mid-start-up left TFF waiting for it forever.
+    kwargs.setdefault('process_group', 0)
+    if kwargs.get('stderr') is None and native_logs.real_stderr_fd() is not None:
+      kwargs['stderr'] = native_logs.real_stderr_fd()   # The worker outlives the held-back call.
     with _spawner_lock:
       if _spawner is None:
         _spawner = _Spawner()

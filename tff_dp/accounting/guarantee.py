@@ -17,16 +17,20 @@ not a proven bound against everyone:
   on the exact composition (within 1e-4 relative in z).
 
 Both are functions of the ledger's records only (the same records the accountant replays).
+`headline` chooses, for a run's claim, which epsilon a statement leads with: the one home of
+that choice for the run's statement and for `tff_dp.privacy.PrivateAggregation`.
 """
 
 import collections
-from typing import Dict, Optional, Sequence
+import dataclasses
+from typing import Dict, Mapping, Optional, Sequence
 
 import dp_accounting
 
 from tff_dp import ledger
 from tff_dp import noise_budget
 from tff_dp.accounting import accountant
+from tff_dp.accounting import claims
 from tff_dp.accounting import correlated_rounds
 
 Z_GROUP_DIGITS = 4
@@ -93,3 +97,38 @@ def fixed_size_proven(records: Sequence[ledger.RoundRecord], delta: float) -> fl
     acc.compose(dp_accounting.SampledWithoutReplacementDpEvent(
         n, m, dp_accounting.GaussianDpEvent(z)), count)
   return float(acc.get_epsilon(delta))
+
+
+@dataclasses.dataclass(frozen=True)
+class Headline:
+  """The epsilon a privacy statement leads with and the relation it holds under, with the
+  numbers it replaces, each kept for a labelled mention.
+
+  epsilon: {method: epsilon} of the headline.
+  relation: the neighbouring relation of the headline (a `claims.RELATIONS` name).
+  poisson_approximation: a fixed-size run's per-round accountant epsilons (add/remove Poisson
+    approximation, not a proven bound), which the proven replace-one bound replaces.
+  if_seed_secret: a seeded amplified run's amplified epsilons, which hold only while the seed
+    stays secret; the headline is then `without_amplification`.
+  """
+  epsilon: Mapping[str, Optional[float]]
+  relation: str
+  poisson_approximation: Optional[Mapping[str, Optional[float]]] = None
+  if_seed_secret: Optional[Mapping[str, Optional[float]]] = None
+
+
+def headline(records: Sequence[ledger.RoundRecord], epsilons: Mapping[str, Optional[float]],
+             delta: float, methods: Sequence[str], found: claims.Claim,
+             seeded: bool) -> Headline:
+  """The headline of a run whose accountant gave `epsilons` (under `found.columns_relation`)
+  for `records`: the proven fixed-size bound replaces the Poisson approximation, and against
+  a seed holder an amplified claim's epsilon gives way to the one without amplification."""
+  result = Headline(dict(epsilons), found.relation)
+  if found.sampler == 'fixed_size':
+    result = Headline({'rdp': fixed_size_proven(records, delta)}, found.relation,
+                      poisson_approximation=dict(epsilons))
+  if seeded and found.amplified:
+    result = dataclasses.replace(
+        result, epsilon=without_amplification(records, delta, methods, found.relation),
+        if_seed_secret=dict(result.epsilon))
+  return result

@@ -148,6 +148,11 @@ class EMAAggregate:
     self._value: Optional[np.ndarray] = None   # float64 flat vector
 
   @property
+  def label(self) -> str:
+    """What the aggregate is, for a plot's legend."""
+    return f'EMA of the models (beta = {self.beta:g}, {self.schedule})'
+
+  @property
   def count(self) -> int:
     """Number of checkpoints folded in so far."""
     return self._count
@@ -230,6 +235,11 @@ class PastKAverage:
     self._count = 0
     self._layout: Optional[_Layout] = None
     self._buffer: Optional[np.ndarray] = None   # [k, size], slot = checkpoint index % k
+
+  @property
+  def label(self) -> str:
+    """What the aggregate is, for a plot's legend."""
+    return f'average of the last {self.k} models'
 
   @property
   def count(self) -> int:

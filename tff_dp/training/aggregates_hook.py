@@ -56,3 +56,4 @@ class AggregatesHook(round_hooks.RoundHook):
 
   def finish(self, report: round_hooks.FinalReport) -> None:
     report.models.update(self.models())
+    report.model_labels.update({name: agg.label for name, agg in self.aggregates.items()})

@@ -425,6 +425,10 @@ class RuntimeConfig(Section):
       'Bounds the worker\'s memory over long runs (its heap fragments: ~0.3-0.5 MiB per '
       'round); same results, one worker start per restart. No effect with `workers`.',
       check=_NON_NEGATIVE, resumable=True)
+  native_logs: bool = setting(
+      False, 'Show the log lines of TensorFlow\'s, gRPC\'s and absl\'s C++ loggers on stderr '
+      '(INFO, WARNING and ERROR records such as grappler\'s). Off: the run holds them back '
+      'while it lasts, so the console carries the run\'s own lines.', resumable=True)
   client_cache_size: int = setting(
       1000, 'Preprocessed client datasets kept in memory across rounds (LRU; 0: rebuild every '
       'time).', check=_NON_NEGATIVE, resumable=True)

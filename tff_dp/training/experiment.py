@@ -166,6 +166,7 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
       dp=privacy.accountant is not None, noise_state_in_checkpoints=privacy.noise_state,
       eval_covered=evaluation_data.covered, seeded=config.sampling.sampling_seed is not None,
       private_release=config.output.private_release)
+  stop.run_dir = run_dir.path   # A stop from here on leaves the run directory behind.
   _write_start(config, task, run_dir, facts, changes, len(population),
                privacy.delta, keys={
                    build_privacy.SAMPLING_KEY_FILE: privacy.key_to_save,
@@ -174,7 +175,6 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
                    canary_run.KEY_FILE: (canaries.directions.key if canaries is not None
                                          and not resume else None),
                    build_evaluation.HOLDOUT_KEY_FILE: evaluation_data.key_to_save})
-  stop.run_dir = run_dir.path   # A stop from here on leaves the run directory behind.
   max_index = evaluator.output_dim   # Labels/tokens must index the model's outputs.
   parts = components.LoopComponents(
       process=process, run_dir=run_dir, sampler=privacy.sampler,

@@ -173,7 +173,7 @@ class _Rounds:
     try:
       output = c.process.next(self.progress.state, datasets)
     except Exception as e:  # pylint: disable=broad-except
-      if self.stop.received is not None:   # Ctrl-C also reached the worker: round abandoned.
+      if self.stop.received is not None:   # E.g. the worker was killed too: round abandoned.
         return None
       # State and hooks are still those of the last completed round: checkpoint it.
       checkpointing.save_completed_rounds(c.run_dir, c.hooks, self.progress, c.log)

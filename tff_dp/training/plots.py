@@ -47,20 +47,35 @@ def _epsilon_figure(rounds, curves, ylabel: str, title: str):
   return fig
 
 
+# The evaluation data (`eval_data`, as `build_evaluation.Evaluation.description` names it) on an
+# accuracy axis; the privacy statement says the same at length.
+_EVAL_AXIS = {
+    'holdout': 'accuracy on held-out clients\n(not in the training population)',
+    'test_disjoint': 'accuracy on the test split\n(clients outside the training population)',
+    'test_shared': 'accuracy on the test split\n(training clients\' own data: not private)',
+    'public_test': 'accuracy on the public test split',
+}
+
+
 def write_run_plots(metrics_csv: str, out_dir: str, *, delta: Optional[float] = None,
                     clip_group_labels: Optional[Mapping[str, str]] = None,
-                    projection_delta: Optional[float] = None) -> list[str]:
+                    projection_delta: Optional[float] = None,
+                    model_labels: Optional[Mapping[str, str]] = None,
+                    eval_data: Optional[str] = None, simulation: bool = False) -> list[str]:
   """Writes the standard plots for a run's metrics CSV; returns the paths written.
 
   `delta`: the delta of the epsilon columns (named on the axis). `clip_group_labels`:
   'group_g' -> the names of its weights, for per-group clip curves. `projection_delta`: the
-  delta of a noise cohort's projected_epsilon columns.
+  delta of a noise cohort's projected_epsilon columns. `model_labels`: {name: what it is} of
+  the models in eval_<name>_accuracy columns. `eval_data`: where evaluation ran (its axis).
+  `simulation`: a noise-cohort run, whose own epsilon is not the production run's.
   """
   if not os.path.exists(metrics_csv):
     return []
   cols = _read_columns(metrics_csv)
-  figures = (_epsilon_figures(cols, delta, projection_delta)
-             + _clip_figures(cols, clip_group_labels or {}) + _accuracy_figures(cols, delta))
+  figures = (_epsilon_figures(cols, delta, projection_delta, simulation)
+             + _clip_figures(cols, clip_group_labels or {})
+             + _accuracy_figures(cols, delta, model_labels or {}, eval_data))
   os.makedirs(out_dir, exist_ok=True)
   written = []
   for fig, name in figures:
@@ -85,15 +100,16 @@ def _accounted_figure(cols, keys, delta, title):
       plot_axes.epsilon_axis_label(delta, [accountant(k) for k in keys]), title)
 
 
-def _epsilon_figures(cols, delta, projection_delta) -> list:
+def _epsilon_figures(cols, delta, projection_delta, simulation: bool) -> list:
   """[(figure, file name)]: the run's epsilon, a noise cohort's projection, and canary
   estimates beside the proven bound."""
   rounds, accountant, figures = cols.get('round', []), plot_axes.accountant_name, []
   eps_cols = _with_numbers(cols, columns_lib.EPSILON)
   if eps_cols:
-    figures.append((_accounted_figure(cols, eps_cols, delta,
-                                      'Privacy spent (accounted from the ledger)'),
-                    'epsilon_vs_round.png'))
+    title = ('This simulation\'s own epsilon (few clients, little noise each): the production\n'
+             'run\'s is in projected_epsilon_vs_round.png' if simulation
+             else 'Privacy spent (accounted from the ledger)')
+    figures.append((_accounted_figure(cols, eps_cols, delta, title), 'epsilon_vs_round.png'))
   projected_cols = _with_numbers(cols, columns_lib.PROJECTED_EPSILON)
   if projected_cols:
     figures.append((_accounted_figure(
@@ -128,7 +144,8 @@ def _clip_figures(cols, clip_group_labels: Mapping[str, str]) -> list:
   return [(fig, 'clip_vs_round.png')]
 
 
-def _accuracy_figures(cols, delta) -> list:
+def _accuracy_figures(cols, delta, model_labels: Mapping[str, str],
+                      eval_data: Optional[str]) -> list:
   """[(evaluation accuracy against epsilon, or against rounds without DP, its file name)]."""
   acc_cols = sorted(k for k in columns_lib.names_with_role(cols, columns_lib.EVAL)
                     if k.endswith('accuracy'))
@@ -138,11 +155,12 @@ def _accuracy_figures(cols, delta) -> list:
   xname = eps_cols[0] if eps_cols else 'round'
   fig, ax = plot_axes.new_axes((6, 4))
   for k in acc_cols:
-    label = k.replace('eval_', '').replace('_accuracy', '').replace('accuracy', 'last iterate')
-    ax.plot(*_finite_pairs(cols[xname], cols[k]), marker='.', label=label)
+    model = k[len('eval_'):-len('_accuracy')] if k != 'eval_accuracy' else 'last iterate'
+    ax.plot(*_finite_pairs(cols[xname], cols[k]), marker='.',
+            label=model_labels.get(model, model))
   ax.set(xlabel=(plot_axes.epsilon_axis_label(delta, [plot_axes.accountant_name(xname)])
                  if eps_cols else 'round'),
-         ylabel='eval accuracy',
+         ylabel=_EVAL_AXIS.get(eval_data, 'eval accuracy'),
          title='Accuracy vs privacy' if eps_cols else 'Accuracy vs round')
   ax.legend(fontsize='small')
   return [(fig, 'accuracy_vs_epsilon.png' if eps_cols else 'accuracy_vs_round.png')]

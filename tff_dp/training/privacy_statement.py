@@ -21,6 +21,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from tff_dp import choices
 from tff_dp.accounting import claims
+from tff_dp.accounting import guarantee as guarantee_lib
 from tff_dp.run_format import release
 
 NEIGHBORING_RELATION = 'add_remove'
@@ -63,8 +64,7 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
               delta: Optional[float], sampling_event: Any, facts: release.RunFacts,
               released_columns: Iterable[str], eval_data: str = 'test_shared',
               neighboring_relation: str = NEIGHBORING_RELATION,
-              fixed_size_proven: Optional[float] = None,
-              without_amplification: Optional[Mapping[str, Optional[float]]] = None,
+              headline: Optional[guarantee_lib.Headline] = None,
               side_information: Optional[str] = None,
               files: Optional[Iterable[str]] = None,
               projection: Optional[Mapping[str, Any]] = None) -> dict[str, Any]:
@@ -81,8 +81,9 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
     released_columns: metrics columns the run wrote (to list the diagnostics among them).
     eval_data: which of `_EVAL_TEXT` describes the evaluation data.
     neighboring_relation: the relation the accountant used (tff_dp.accounting).
-    fixed_size_proven: the proven replace-one RDP epsilon of a fixed_size run.
-    without_amplification: {method: epsilon} against the holder of a sampling seed.
+    headline: what the statement leads with (`accounting.guarantee.headline`: the proven
+      fixed-size bound, the epsilon against a seed holder); None: `epsilons` under the claim's
+      relation.
     side_information: where AdaDPS side information came from, if used.
     projection: a noise-cohort simulation's projected production run
       (`privacy_recorder.Projection.statement`), stated beside the run's own guarantee.
@@ -96,9 +97,10 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
             'rounds': rounds_completed}
   claim = claims.claim_for_kind(dp, sampling_event.kind)
   seeded = sampling_event.seeded and claim.amplified
-  result, headline, relation, guarantee = _headline(
-      epsilons, delta, claim.relation, fixed_size_proven,
-      without_amplification if seeded else None)
+  if headline is None:
+    headline = guarantee_lib.Headline(dict(epsilons), claim.relation)
+  result, guarantee = _headline(headline, delta)
+  relation = headline.relation
   result.update({
       'differential_privacy': True,
       'guarantee': guarantee,
@@ -107,11 +109,11 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
       'proof': claim.proof,
       'population_size': _POPULATION_TEXT,
       'delta': delta,
-      'epsilon': headline,
+      'epsilon': dict(headline.epsilon),
       'epsilon_columns': (f'the epsilon_* columns of metrics.csv are the accountant\'s '
                           f'per-round epsilon under {neighboring_relation}'
-                          + (' (the Poisson approximation)' if fixed_size_proven is not None
-                             else '')
+                          + (' (the Poisson approximation)'
+                             if headline.poisson_approximation is not None else '')
                           + (' with amplification by sampling' if seeded else '')),
       'rounds': rounds_completed,
       'mechanism': _MECHANISM_TEXT[choices.noise_of(dp)].format(dp=dp),
@@ -140,29 +142,25 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
   return result
 
 
-def _headline(epsilons, delta, relation: str, fixed_size_proven: Optional[float],
-              without_amplification: Optional[Mapping[str, Optional[float]]]) -> tuple:
-  """(the statement's labelled alternatives, the headline epsilons, their relation, the
-  guarantee line): the epsilon that matches a proof leads (the proven fixed-size bound;
-  without amplification against a seed holder) and the others follow, labelled."""
-  headline, labelled, result = dict(epsilons), [], {}
-  if fixed_size_proven is not None:
-    result['epsilon_poisson_approximation'] = dict(epsilons)
-    headline, relation = {'rdp': fixed_size_proven}, 'replace_one'
+def _headline(headline: guarantee_lib.Headline, delta) -> tuple[dict, str]:
+  """(the statement's entries of the numbers the headline replaced, the guarantee line): the
+  headline leads and the numbers it replaced follow, labelled."""
+  labelled, result = [], {}
+  if headline.poisson_approximation is not None:
+    result['epsilon_poisson_approximation'] = dict(headline.poisson_approximation)
     labelled.append(f'Poisson approximation under add/remove, not a proven bound: '
-                    f'{_fmt(epsilons)}')
+                    f'{_fmt(headline.poisson_approximation)}')
   against = ''
-  if without_amplification is not None:
-    result['epsilon_if_seed_secret'] = dict(headline)
-    labelled.insert(0, f'{_fmt(headline)} if the sampling seed stays secret (amplified by '
-                       'sampling)')
-    headline = dict(without_amplification)
+  if headline.if_seed_secret is not None:
+    result['epsilon_if_seed_secret'] = dict(headline.if_seed_secret)
+    labelled.insert(0, f'{_fmt(headline.if_seed_secret)} if the sampling seed stays secret '
+                       '(amplified by sampling)')
     against = ' against anyone who holds the sampling seed (no amplification by sampling)'
-  guarantee = (f'user-level (epsilon, delta)-DP with epsilon = {_fmt(headline)} at delta = '
-               f'{delta:g}{against}: {_RELATION_TEXT[relation]}')
+  guarantee = (f'user-level (epsilon, delta)-DP with epsilon = {_fmt(headline.epsilon)} at '
+               f'delta = {delta:g}{against}: {_RELATION_TEXT[headline.relation]}')
   if labelled:
     guarantee += '; ' + '; '.join(labelled)
-  return result, headline, relation, guarantee
+  return result, guarantee
 
 
 def _simulation(projection: Mapping[str, Any]) -> dict[str, Any]:

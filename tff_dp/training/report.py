@@ -33,13 +33,10 @@ def console_line(row: Mapping[str, Any], total_rounds: int) -> str:
     parts.append(f'clip {clips[0]:.4g}')
   elif clips:
     parts.append(f'clips {min(clips):.3g}..{max(clips):.3g}')
-  for name in columns.names_with_role(row, columns.EPSILON):
-    if row[name] is not None:
-      parts.append(f'eps_{name.split("_", 1)[1]} {row[name]:.4g}')
-  projected = [f'{row[k]:.4g}' for k in columns.names_with_role(row, columns.PROJECTED_EPSILON)
-               if row[k] is not None]
-  if projected:
-    parts.append(f'eps_projected {"/".join(projected)}')
+  for name in (columns.names_with_role(row, columns.EPSILON)
+               + columns.names_with_role(row, columns.PROJECTED_EPSILON)):
+    if row[name] is not None:   # The column's name, epsilon shortened: eps_rdp, projected_eps_pld.
+      parts.append(f'{name.replace("epsilon", "eps")} {row[name]:.4g}')
   estimates = [f'{row[k]:.3g}' for k in columns.names_with_role(row, columns.CANARY_EPSILON)]
   if estimates:
     parts.append(f'eps_canary {"/".join(estimates)}')
@@ -68,7 +65,9 @@ def write_final_report(config: components.LoopConfig, c: components.LoopComponen
     projection = c.privacy.projection
     plots.write_run_plots(c.run_dir.file('metrics.csv'), c.run_dir.file('plots'),
                           delta=config.delta, clip_group_labels=c.clip_group_labels,
-                          projection_delta=projection.delta if projection else None)
+                          projection_delta=projection.delta if projection else None,
+                          model_labels=final.model_labels, eval_data=config.eval_description,
+                          simulation=projection is not None)
     privacy = dict(_privacy_statement(config, c, summary.rounds_completed), **final.statement)
     summary = dataclasses.replace(summary, privacy=privacy, uncertainty=final.uncertainty)
     c.run_dir.write_json('summary.json', {
@@ -90,13 +89,9 @@ def _privacy_statement(config: components.LoopConfig, c: components.LoopComponen
     epsilons = {m: accountant.epsilon_rdp() if m == 'rdp' else accountant.epsilon_pld()
                 for m in accountant.methods}
     extra['neighboring_relation'] = accountant.neighboring_relation
-    records = ledger_lib.read_ledger(c.privacy.ledger.path)
-    if event.kind == 'fixed_size':
-      extra['fixed_size_proven'] = guarantee.fixed_size_proven(records, config.delta)
-    claim = claims.claim_for_kind(config.dp, event.kind)
-    if event.seeded and claim.amplified:
-      extra['without_amplification'] = guarantee.without_amplification(
-          records, config.delta, accountant.methods, claim.relation)
+    extra['headline'] = guarantee.headline(
+        ledger_lib.read_ledger(c.privacy.ledger.path), epsilons, config.delta,
+        accountant.methods, claims.claim_for_kind(config.dp, event.kind), event.seeded)
   rows = c.run_dir.metrics.read_rows()
   # What the run directory will hold once the report is written.
   files = release.run_files(c.run_dir.path) + ['summary.json']

@@ -56,6 +56,8 @@ class FinalReport:
   models: {name: flat weights} a private release ships (the loop adds 'last_iterate').
   statement: entries added to the privacy statement (e.g. 'empirical_estimate').
   uncertainty: the last-k uncertainty report, when a hook wrote uncertainty.json.
+  model_labels: {model name in the eval columns (eval_<name>_<metric>): what it is}, for the
+  plots' legends (e.g. 'past_k': 'average of the last 3 models').
   """
   run_dir: Any
   final_state: Any
@@ -64,6 +66,7 @@ class FinalReport:
   models: dict = dataclasses.field(default_factory=dict)
   statement: dict = dataclasses.field(default_factory=dict)
   uncertainty: Optional[dict] = None
+  model_labels: dict = dataclasses.field(default_factory=dict)
 
 
 class RoundHook:

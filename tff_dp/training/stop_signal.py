@@ -1,8 +1,9 @@
 """Graceful stop on SIGINT/SIGTERM: finish (or abandon) the current round, checkpoint, exit.
 
 The first signal only sets a flag; the loop checks it between rounds and stops after writing a
-checkpoint that matches the ledger. A round the signal interrupted inside TFF (Ctrl-C also
-reaches the worker_binary, which then dies) releases nothing: its ledger record is only written
+checkpoint that matches the ledger, so the round under way completes (TFF's worker has its own
+process group: a terminal's Ctrl-C does not reach it). A round whose TFF call fails after the
+signal (e.g. the worker was killed too) releases nothing: its ledger record is only written
 after the round returns. A second signal aborts at once (the ledger stays valid, see
 `tff_dp.ledger`).
 """
