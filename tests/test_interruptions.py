@@ -46,6 +46,17 @@ class _Command:
         return
     raise AssertionError(f'{needle!r} not printed: {"".join(self.seen)[-2000:]}')
 
+  def wait_for_tensorflow_import(self, timeout: float = 60) -> None:
+    """Until TensorFlow's library is mapped: the command is importing it, its handlers long
+    installed (a signal in the interpreter's first instants meets Python's defaults)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+      with open(f'/proc/{self.proc.pid}/maps') as f:
+        if 'libtensorflow' in f.read():
+          return
+      time.sleep(0.05)
+    raise AssertionError('TensorFlow was never imported')
+
   def ctrl_c(self) -> None:
     os.killpg(self.proc.pid, signal.SIGINT)
 
@@ -87,7 +98,7 @@ def _resume_completes(command, done: int):
 @pytest.mark.parametrize('signals', [1, 2])
 def test_ctrl_c_before_the_run_directory_exists_writes_nothing(tmp_path, signals):
   command = _Command(tmp_path)
-  time.sleep(1.0)   # Importing TensorFlow: seconds before anything is written.
+  command.wait_for_tensorflow_import()   # Seconds before anything is written.
   for _ in range(signals):
     command.ctrl_c()
     time.sleep(0.2)
