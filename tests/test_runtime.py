@@ -109,3 +109,28 @@ def test_a_worker_killed_between_fork_and_start_is_started_again(tmp_path):
     process.wait()
   exits = runtime.WorkerPopen(['sh', '-c', 'exit 3'])   # A worker's own exit is its own.
   assert exits.wait() == 3
+
+
+def test_detaching_tff_service_managers_patches_no_class(monkeypatch):
+  """Issue 38.4: only the detached instances lose their `__del__`; TFF's class (and managers
+  made later) keep theirs. The old code replaced `__del__` on the class."""
+  deleted = []
+
+  class ServiceManager:   # The shape of TFF's local class (executor_factory.py).
+    def __init__(self):
+      self._process = object()
+      self._stub = object()
+
+    def __del__(self):
+      deleted.append(self)
+
+  old = ServiceManager()
+  # Only this one: a live TFF context of another test in this process stays attached.
+  monkeypatch.setattr(runtime.gc, 'get_objects', lambda: [old])
+  runtime._detach_tff_service_managers()   # pylint: disable=protected-access
+  assert old._process is None and isinstance(old, ServiceManager)  # pylint: disable=protected-access
+  del old
+  assert deleted == []   # Detached: its __del__ does nothing.
+  later = ServiceManager()
+  later.__del__()
+  assert deleted == [later]   # The class is untouched.

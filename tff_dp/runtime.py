@@ -161,13 +161,23 @@ def _detach_tff_service_managers() -> None:
 
   Its `__del__` would otherwise run during interpreter teardown, when the `subprocess` module
   global is already None, and print a spurious AttributeError traceback. The class is defined
-  locally in TFF's `local_cpp_executor_factory`, so we reach it through its live instances.
+  locally in TFF's `local_cpp_executor_factory`, so we reach it through its live instances;
+  each detached instance gets a subclass without `__del__` (TFF's class, and the managers of
+  contexts made later, are left as they are).
   """
   for obj in gc.get_objects():
     if type(obj).__name__ == 'ServiceManager' and hasattr(obj, '_process'):
       obj._process = None  # pylint: disable=protected-access
       obj._stub = None  # pylint: disable=protected-access
-      type(obj).__del__ = lambda self: None
+      if not isinstance(obj, _Detached):
+        obj.__class__ = type('ServiceManager', (_Detached, type(obj)), {})
+
+
+class _Detached:
+  """Mixed into a detached TFF ServiceManager (its worker is gone): nothing to do at exit."""
+
+  def __del__(self):
+    pass
 
 
 def _on_sigterm(signum, frame):
