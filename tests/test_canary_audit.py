@@ -117,3 +117,85 @@ def test_diagnostics_against_brute_force():
   assert audit.auroc(ins, out) == pytest.approx(pairs)
   threshold = np.sort(out)[-6]   # 5 of 60 above: FPR 1/12.
   assert audit.tpr_at_fpr(ins, out, 5 / 60) == pytest.approx(np.mean(ins > threshold))
+
+
+# --- what a run reports (issue 39, items 1-3 and 5) ------------------------------------------
+
+def test_the_guesses_are_declared_and_the_union_bound_pays_for_taking_the_best():
+  rng = np.random.default_rng(5)
+  inserted = rng.random(400) < 0.5
+  scores = rng.normal(size=400) + 2.0 * inserted
+  each = 1 - 0.05 / len(audit.ONE_RUN_GUESS_FRACTIONS)
+  by_k = [audit.one_run_lower_bound(scores, inserted, 1e-5, k, k, each) for k in (20, 40, 80)]
+  assert audit.one_run_bound_over_guesses(scores, inserted, 1e-5) == max(by_k)
+  # Each guess at 95% alone would claim more than the union bound allows.
+  assert max(audit.one_run_lower_bound(scores, inserted, 1e-5, k, k, 0.95)
+             for k in (20, 40, 80)) > max(by_k)
+
+
+def test_below_the_fewest_canaries_no_one_run_bound_is_reported():
+  fewest = audit.min_canaries_for_a_bound_over_guesses(1e-5)
+  for m in (fewest - 1, fewest):   # Perfectly separated scores: the best any run can do.
+    inserted = np.arange(m) % 2 == 0
+    scores = inserted.astype(float) + np.arange(m) * 1e-6
+    result = audit.audit(scores, inserted, 1e-5, coin=True, split_seed=0)
+    assert (result.one_run is not None and result.one_run > 0) == (m == fewest), (m, result)
+    bound_by_hand = max(audit.one_run_lower_bound(
+        scores, inserted, 1e-5, k, k, 1 - 0.05 / 3) for k in {max(1, min(m // 2, round(f * m)))
+                                                              for f in (0.05, 0.1, 0.2)})
+    assert (bound_by_hand > 0) == (m == fewest)
+  rng = np.random.default_rng(0)
+  inserted = rng.random(500) < 0.5
+  scores = rng.normal(size=500) + 3 * inserted
+  assert audit.audit(scores, inserted, 1e-5, coin=False, split_seed=0).one_run is None
+  assert audit.audit(scores, inserted, 1e-5, coin=True, split_seed=0).one_run > 1
+
+
+def test_coin_inclusion_inserts_each_canary_with_probability_one_half():
+  from tff_dp import canaries  # pylint: disable=g-import-not-at-top
+  m, seeds = 4, 4000
+  counts = np.bincount([canaries.coin_inserted(m, seed=s) for s in range(seeds)],
+                       minlength=m + 1)
+  expected = np.array([math.comb(m, k) for k in range(m + 1)]) / 2**m * seeds
+  assert stats.chisquare(counts, expected).pvalue > 1e-3, counts
+  key = canaries.new_key()
+  assert canaries.coin_inserted(50, key=key) == canaries.coin_inserted(50, key=key)
+
+
+def test_scores_are_kept_per_round_and_a_resume_drops_the_rounds_after_its_checkpoint(
+    tmp_path):
+  from tff_dp.canaries import scores  # pylint: disable=g-import-not-at-top
+  path = str(tmp_path / scores.FILE)
+  written = {r: scores.Scores(np.array([True, False, True]), np.array([0.1, -0.2, 0.3]) * r,
+                              np.array([0.5, 0.25, 1 / 3]) * r) for r in (2, 4, 6)}
+  for r, s in written.items():
+    scores.append(path, r, s)
+  read = scores.read(path)
+  assert list(read) == [2, 4, 6]
+  for r in written:   # Exact floats (repr), inserted flags as written.
+    assert np.array_equal(read[r].inserted, written[r].inserted)
+    assert np.array_equal(read[r].final_model, written[r].final_model)
+    assert np.array_equal(read[r].all_iterates, written[r].all_iterates)
+  scores.keep_through(path, 4)
+  assert list(scores.read(path)) == [2, 4]
+
+
+def test_every_audit_column_is_declared_and_covered():
+  from tff_dp.canaries import scores  # pylint: disable=g-import-not-at-top
+  from tff_dp.run_format import canary_audit  # pylint: disable=g-import-not-at-top
+  from tff_dp.run_format import classes  # pylint: disable=g-import-not-at-top
+  from tff_dp.run_format import columns  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(1)
+  inserted = rng.random(300) < 0.5
+  found = scores.Scores(inserted, rng.normal(size=300) + inserted, rng.normal(size=300))
+  row = canary_audit.columns_of(found, 1e-5, coin=True, round_num=3)
+  assert len(row) == 10   # 2 bounds + 3 diagnostics, 2 threat models.
+  facts = classes.RunFacts(dp=True, noise_state_in_checkpoints=False, eval_covered=True,
+                           seeded=False, private_release=False)
+  assert all(columns.coverage(name, facts) == classes.COVERED for name in row)
+  bounds = columns.names_with_role(row, columns.CANARY_BOUND)
+  assert sorted(bounds) == sorted(f'canary_bound_{k}_{t}' for k in ('one_run',
+                                                                    'clopper_pearson')
+                                  for t in ('final_model', 'all_iterates'))
+  assert row['canary_bound_one_run_final_model'] == audit.one_run_bound_over_guesses(
+      found.final_model, inserted, 1e-5)

@@ -5,6 +5,10 @@ Expected values are computed here with numpy from the canaries' directions (read
 the ledger, independently of the code that inserts and tracks canaries.
 """
 
+import contextlib
+import csv
+import dataclasses
+import io
 import json
 import math
 import os
@@ -224,6 +228,17 @@ def test_a_resumed_run_gives_the_same_estimates_as_an_uninterrupted_one(emnist, 
       float(rows['whole']['canary_epsilon_all_iterates']), rel=1e-6)
   # No noise: the canaries stand out far beyond any private run's estimate.
   assert whole.privacy['empirical_estimate']['estimates']['final_model']['epsilon'] > 10
+  # Every evaluation round's scores are kept, the same across the resume (issue 39).
+  from tff_dp.canaries import scores as canary_scores  # pylint: disable=g-import-not-at-top
+  kept = {name: canary_scores.read(os.path.join(s.run_dir, canary_scores.FILE))
+          for name, s in (('whole', whole), ('resumed', resumed))}
+  assert list(kept['whole']) == list(kept['resumed']) == [2, 4]
+  for r in (2, 4):
+    assert np.array_equal(kept['whole'][r].inserted, kept['resumed'][r].inserted)
+    assert kept['whole'][r].inserted.sum() == 50 and kept['whole'][r].inserted.size == 100
+    for threat in ('final_model', 'all_iterates'):
+      np.testing.assert_allclose(kept['resumed'][r].of(threat), kept['whole'][r].of(threat),
+                                 rtol=1e-5, atol=1e-9)
 
 
 def test_canary_settings_are_checked_before_anything_is_written(tmp_path):
@@ -232,3 +247,80 @@ def test_canary_settings_are_checked_before_anything_is_written(tmp_path):
   with pytest.raises(Exception, match='`num_canaries`'):
     _config(tmp_path, 'x', dp='fixed', noise_multiplier=1.0, num_canaries=-1)
   assert not os.listdir(tmp_path)
+
+
+# --- the canary audit in runs (issue 39) -------------------------------------------------------
+
+# 400 canaries, each inserted by its own coin, beside the embedded 100 writers; 150 clients a
+# round (q ~ 0.5, so an inserted canary joins one of 3 rounds with probability 7/8).
+AUDIT = dict(num_canaries=200, num_unseen_canaries=200, canary_inclusion='coin',
+             clients_per_round=150, total_rounds=3, rounds_per_eval=3, dp='fixed')
+CLAIMED_Z = 4.0
+
+
+def _audited_run(emnist, tmp_path, name, monkeypatch, noise_fraction):
+  """A run whose ledger records noise multiplier CLAIMED_Z while its aggregator adds
+  `noise_fraction` of that noise (1: the correct mechanism; below: a bug the audit must see)."""
+  from tff_dp.training import privacy_recorder  # pylint: disable=g-import-not-at-top
+  found = privacy_recorder.privacy_queries_lib.find_privacy_queries
+
+  def as_claimed(metrics):
+    return [dataclasses.replace(q, noise_stddev=q.noise_stddev / noise_fraction)
+            for q in found(metrics)]
+  monkeypatch.setattr(privacy_recorder.privacy_queries_lib, 'find_privacy_queries', as_claimed)
+  cfg = _config(tmp_path, name, noise_multiplier=CLAIMED_Z * noise_fraction, **AUDIT)
+  lines = []
+  summary = experiment.run(cfg, emnist, log=lines.append)
+  return summary, lines
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('noise_fraction', [1.0, 0.02])
+def test_the_audit_bounds_a_correct_run_below_its_claim_and_catches_an_under_noised_one(
+    emnist, tmp_path, monkeypatch, noise_fraction):
+  summary, lines = _audited_run(emnist, tmp_path, f'audit{noise_fraction}', monkeypatch,
+                                noise_fraction)
+  claimed = summary.privacy['epsilon']['rdp']
+  records = ledger_lib.read_ledger(os.path.join(summary.run_dir, 'ledger.jsonl'))
+  assert all(q.noise_stddev == pytest.approx(CLAIMED_Z * q.l2_norm_clip)
+             for r in records for q in r.queries)   # What the ledger claims.
+  assert claimed == pytest.approx(_ledger_epsilon(summary.run_dir, 1e-4), rel=1e-3)
+  assert any(line.startswith('canaries: ') and 'one-run 95% lower bound' in line
+             for line in lines), lines
+  row = metrics_rows(summary.run_dir)[-1]
+  bound = float(row['canary_bound_one_run_final_model'])
+  bounds = summary.privacy['empirical_bounds']['lower_bounds']
+  assert bounds['one_run']['final_model'] == pytest.approx(bound)
+  if noise_fraction == 1.0:
+    assert bound < claimed, (bound, claimed)
+  else:   # Noise at 2% of the recorded stddev: the bound exceeds the claimed epsilon.
+    assert bound > claimed, (bound, claimed)   # Measured: 1.72 > 0.81 (correct: 0.04 < 0.90).
+    assert float(row['canary_auroc_final_model']) > 0.8   # 0.93 measured.
+  # The scores are kept, and the command line recomputes the run's figures from them alone.
+  from tff_dp.canaries import __main__ as canaries_cli  # pylint: disable=g-import-not-at-top
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    assert canaries_cli.main(['prog', f'--run_dir={summary.run_dir}']) == 0
+  recomputed = list(csv.DictReader(io.StringIO(out.getvalue())))
+  assert [r['round'] for r in recomputed] == ['3']
+  for name, value in recomputed[0].items():
+    if name != 'round':
+      assert float(value) == pytest.approx(float(row[name]), rel=1e-9, abs=1e-12), name
+
+
+def test_too_few_canaries_for_a_bound_is_said_at_the_start_and_in_the_statement():
+  from tff_dp.canaries import audit  # pylint: disable=g-import-not-at-top
+  from tff_dp.training import canary_run  # pylint: disable=g-import-not-at-top
+  fewest = audit.min_canaries_for_a_bound_over_guesses(1e-5)
+  few = canary_run.CanaryRun(canaries.CanaryDirections(100, 3, fewest - 4, seed=1),
+                             lambda: None, 1e-5, coin=True)
+  note = few.audit_note()
+  assert note.startswith('canaries: 3 inserted') and f'fewer than {fewest}' in note, note
+  assert f'fewer than {fewest}' in few.bounds_statement()['no_one_run_bound']
+  enough = canary_run.CanaryRun(canaries.CanaryDirections(100, 3, fewest - 3, seed=1),
+                                lambda: None, 1e-5, coin=True)
+  assert 'one-run 95% lower bound on epsilon on every evaluation round' in enough.audit_note()
+  assert 'no_one_run_bound' not in enough.bounds_statement()
+  by_count = canary_run.CanaryRun(canaries.CanaryDirections(100, 30, 30, seed=1),
+                                  lambda: None, 1e-5, coin=False)
+  assert 'canary_inclusion=coin' in by_count.audit_note()

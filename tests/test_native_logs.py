@@ -10,8 +10,8 @@ import textwrap
 
 from tests import run_helpers
 
-TF_RECORD = '2026-11-25 23:56:33.699724: E tensorflow/core/grappler/grappler_item_builder.cc:435] ' \
-            'Failed to detect the fetch node(s), skipping this input'
+TF_RECORD = ('2026-11-25 23:56:33.699724: E tensorflow/core/grappler/grappler_item_builder.cc:'
+             '435] Failed to detect the fetch node(s), skipping this input')
 ABSL_RECORD = 'I0000 00:00:1764115000.123456   12345 fork_posix.cc:77] Other threads are ' \
               'currently calling into gRPC, skipping fork() handlers'
 
@@ -63,8 +63,8 @@ def test_a_child_given_the_real_stderr_outlives_the_block_and_is_heard():
       import subprocess, sys, time
       from tff_dp import native_logs
       with native_logs.held_back():
-        child = subprocess.Popen([sys.executable, '-c',
-                                  'import time, sys; time.sleep(1); print("child", file=sys.stderr)'],
+        late = 'import time, sys; time.sleep(1); print("child", file=sys.stderr)'
+        child = subprocess.Popen([sys.executable, '-c', late],
                                  stderr=native_logs.real_stderr_fd())
         start = time.monotonic()
       assert time.monotonic() - start < 1, 'the block waited for the child'

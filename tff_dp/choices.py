@@ -157,6 +157,16 @@ LOOP_IMPLEMENTATIONS = {
 }
 
 
+# `canary_inclusion`: which canaries go into the population (`tff_dp.canaries`).
+CANARY_INCLUSIONS = {
+    'fixed': '`num_canaries` inserted and `num_unseen_canaries` held out (the one-shot '
+             'estimate of Andrew et al. 2024); lower bounds from Clopper-Pearson only',
+    'coin': 'each of the `num_canaries` + `num_unseen_canaries` canaries inserted '
+            'independently with probability 1/2 by the secret key, as the one-run lower bound '
+            'of Steinke, Nasr & Jagielski 2023 requires',
+}
+
+
 def one_of(choices: Collection[str]) -> str:
   """'a, b or c': the choices as a message lists them."""
   names = list(choices)

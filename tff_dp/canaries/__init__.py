@@ -17,6 +17,8 @@ accountant's proven epsilon, never instead of it.
 
 from tff_dp.canaries.directions import as_weight_shapes
 from tff_dp.canaries.directions import CanaryDirections
+from tff_dp.canaries.directions import coin_inserted
+from tff_dp.canaries.directions import new_key
 from tff_dp.canaries.directions import dimension
 from tff_dp.canaries.directions import flatten
 from tff_dp.canaries.directions import INSERTED
@@ -35,7 +37,8 @@ from tff_dp.canaries.tracker import CanaryTracker
 from tff_dp.canaries.tracker import MIN_CANARIES_FOR_AN_ESTIMATE
 
 __all__ = [
-    'as_weight_shapes', 'CanaryDirections', 'dimension', 'flatten', 'INSERTED', 'KEY_BYTES',
+    'as_weight_shapes', 'CanaryDirections', 'coin_inserted', 'new_key', 'dimension', 'flatten',
+    'INSERTED', 'KEY_BYTES',
     'UNSEEN',
     'all_iterates_epsilon', 'all_iterates_statistic', 'CanaryEstimate', 'cosines',
     'epsilon_from_cosines', 'epsilon_from_cosines_closed_form_null', 'gaussian_pair_epsilon',

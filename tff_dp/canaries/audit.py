@@ -17,8 +17,11 @@ epsilon" is evidence of a bug, and "it does not" says nothing more than that.
   delta) / FPR_hi), each interval at sqrt(confidence) so that both hold together. The threshold
   must not be chosen on the same scores (`split_threshold` picks it on a held-out split).
 * `tpr_at_fpr`, `auroc`: diagnostics of the attack, not bounds.
+* `audit`: all of these for one set of scores, with guesses and split declared in advance (what
+  a run reports on each evaluation round, and `python -m tff_dp.canaries` recomputes).
 """
 
+import dataclasses
 import math
 from typing import Optional, Sequence
 
@@ -151,3 +154,69 @@ def auroc(inserted_scores, held_out_scores) -> float:
   ins, out = np.asarray(inserted_scores, float), np.asarray(held_out_scores, float)
   ranks = stats.rankdata(np.concatenate([ins, out]))
   return float((ranks[:ins.size].sum() - ins.size * (ins.size + 1) / 2) / (ins.size * out.size))
+
+
+# The guesses of a one-run bound, declared before any score is seen: "inserted" for the top k
+# and "not inserted" for the bottom k scores, k = each fraction of the canaries; the bound is
+# the largest over these, each at confidence 1 - (1 - confidence) / 3 (a union bound), so the
+# stated confidence holds for the maximum.
+ONE_RUN_GUESS_FRACTIONS = (0.05, 0.1, 0.2)
+DIAGNOSTIC_FPRS = (1e-2, 1e-3)
+
+
+@dataclasses.dataclass(frozen=True)
+class Audit:
+  """What one set of canary scores says: two lower bounds on epsilon at `confidence` (None when
+  the canaries cannot give one: too few, or not inserted by coin for the one-run bound) and the
+  attack's diagnostics (TPR at each of `DIAGNOSTIC_FPRS`, AUROC), which bound nothing."""
+  one_run: Optional[float]
+  clopper_pearson: Optional[float]
+  tpr_at_fpr: tuple
+  auroc: float
+
+
+def one_run_bound_over_guesses(scores, inserted, delta: float,
+                               confidence: float = 0.95) -> float:
+  """The one-run lower bound with the pre-declared guesses of `ONE_RUN_GUESS_FRACTIONS`."""
+  confidence = _check_confidence(confidence)
+  each = 1.0 - (1.0 - confidence) / len(ONE_RUN_GUESS_FRACTIONS)
+  return max(one_run_lower_bound(scores, inserted, delta, k, k, each)
+             for k in _guess_counts(len(scores)))
+
+
+def _guess_counts(m: int) -> list[int]:
+  return sorted({max(1, min(m // 2, int(round(f * m)))) for f in ONE_RUN_GUESS_FRACTIONS})
+
+
+def min_canaries_for_a_bound_over_guesses(delta: float, confidence: float = 0.95) -> int:
+  """The fewest canaries with which `one_run_bound_over_guesses` can exceed 0: its widest
+  guess (2k of m) all right. Below it a run reports no one-run bound."""
+  confidence = _check_confidence(confidence)
+  alpha = (1.0 - confidence) / len(ONE_RUN_GUESS_FRACTIONS)
+  for m in range(2, 10**5):
+    r = 2 * max(_guess_counts(m))
+    if one_run_p_value(m, r, r, 0.0, delta) < alpha:
+      return m
+  raise UserInputError(f'no number of canaries gives a bound at delta {delta}')
+
+
+def audit(scores, inserted, delta: float, *, coin: bool, split_seed: int,
+          confidence: float = 0.95) -> Audit:
+  """The bounds and diagnostics of canary `scores` (higher: more likely inserted), `inserted`
+  saying which canaries were. `coin`: each canary was inserted by its own fair coin (else no
+  one-run bound). `split_seed` picks the Clopper-Pearson threshold's half of the canaries
+  (fixed before the scores exist, e.g. the round's number)."""
+  scores, inserted = np.asarray(scores, float), np.asarray(inserted, bool)
+  ins, out = scores[inserted], scores[~inserted]
+  one_run = None
+  if coin and scores.size >= min_canaries_for_a_bound_over_guesses(delta, confidence):
+    one_run = one_run_bound_over_guesses(scores, inserted, delta, confidence)
+  cp = None
+  if min(ins.size, out.size) >= 2:
+    threshold, ins_rest, out_rest = split_threshold(ins, out,
+                                                    rng=np.random.default_rng(split_seed))
+    cp = clopper_pearson_lower_bound(ins_rest, out_rest, threshold, delta, confidence)
+  if ins.size == 0 or out.size == 0:
+    return Audit(one_run, cp, tuple(math.nan for _ in DIAGNOSTIC_FPRS), math.nan)
+  return Audit(one_run, cp, tuple(tpr_at_fpr(ins, out, f) for f in DIAGNOSTIC_FPRS),
+               auroc(ins, out))

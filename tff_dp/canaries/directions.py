@@ -49,7 +49,7 @@ UNSEEN = 'unseen'
 GROUPS = (INSERTED, UNSEEN)
 KEY_BYTES = 32
 # SeedSequence spawn keys of the independent streams one key seeds.
-_BASE_STREAM, _INSERTED_STREAM, _UNSEEN_STREAM = 0, 1, 2
+_BASE_STREAM, _INSERTED_STREAM, _UNSEEN_STREAM, _COIN_STREAM = 0, 1, 2, 3
 
 BaseFn = Callable[[tuple[int, int], int], np.ndarray]
 
@@ -58,6 +58,28 @@ def _count(value: Any, name: str, minimum: int) -> int:
   if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
     raise UserInputError(f'`{name}` must be an integer >= {minimum}, got {value!r}')
   return int(value)
+
+
+def new_key() -> bytes:
+  """A fresh secret key for a run's canaries."""
+  return os.urandom(KEY_BYTES)
+
+
+def coin_inserted(candidates: int, *, seed: Optional[int] = None,
+                  key: Optional[bytes] = None) -> int:
+  """How many of `candidates` canaries are inserted when each is inserted independently
+  with probability 1/2 (a Binomial(candidates, 1/2) draw from the key's or seed's own stream).
+
+  `CanaryDirections(dim, that many, candidates - that many, same key)` then inserts a uniformly
+  random subset of that size of exchangeable directions: with a binomial size, a uniformly
+  random subset of all 2^candidates, i.e. one fair coin per canary, as the one-run bound
+  (`audit.one_run_lower_bound`) requires."""
+  candidates = _count(candidates, 'candidates', 0)
+  if (seed is None) == (key is None):
+    raise UserInputError('give `seed` or `key`')
+  entropy = int.from_bytes(key, 'big') if key is not None else _count(seed, 'seed', 0)
+  stream = np.random.SeedSequence(entropy, spawn_key=(_COIN_STREAM,))
+  return int(np.random.Generator(np.random.PCG64(stream)).binomial(candidates, 0.5))
 
 
 def numpy_base_vector(seed: tuple[int, int], dim: int) -> np.ndarray:

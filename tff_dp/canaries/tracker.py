@@ -24,6 +24,7 @@ import numpy as np
 from tff_dp.canaries import bootstrap
 from tff_dp.canaries import directions as directions_lib
 from tff_dp.canaries import estimate
+from tff_dp.canaries import scores as scores_lib
 
 # The fewest inserted (final model) or unseen (all iterates) canaries a run reports an estimate
 # for. A Gaussian fit needs 2, but with a handful it carries no information: at K = 5 a run
@@ -70,6 +71,18 @@ class CanaryTracker:
   def _final_cosines(self, weights: Sequence[Any]) -> np.ndarray:
     """The inserted canaries' cosines with the total change from the initial model."""
     return self.directions.cosines(self._initial - self._flat(weights))[directions_lib.INSERTED]
+
+  def scores(self, weights: Sequence[Any]) -> scores_lib.Scores:
+    """Every canary's scores for the model `weights` (inserted canaries first, then the
+    unseen): its cosine with the total change from the initial model, and its largest cosine
+    with one round's change so far (-inf before the first round)."""
+    final = self.directions.cosines(self._initial - self._flat(weights))
+    groups = directions_lib.GROUPS
+    return scores_lib.Scores(
+        inserted=np.concatenate([np.full(self.directions.count(g), g == directions_lib.INSERTED)
+                                 for g in groups]),
+        final_model=np.concatenate([final[g] for g in groups]).astype(np.float64),
+        all_iterates=np.concatenate([self._max[g] for g in groups]).astype(np.float64))
 
   def all_iterates_estimate(self, delta: float) -> Optional[estimate.CanaryEstimate]:
     """The all-iterates estimate over the rounds observed; None before the first round or with

@@ -23,6 +23,7 @@ from tff_dp.run_format import classes
 CLIP = 'clip'                        # An L2 clip norm an update query used.
 EPSILON = 'epsilon'                  # The proven epsilon after the round.
 CANARY_EPSILON = 'canary_epsilon'    # An empirical (canary) estimate of epsilon.
+CANARY_BOUND = 'canary_bound'        # A lower bound on epsilon from canary scores.
 PROJECTED_EPSILON = 'projected_epsilon'   # A noise cohort's production epsilon (not this run's).
 EVAL = 'eval'                        # A central evaluation metric.
 OTHER = 'other'
@@ -65,6 +66,25 @@ _CLIP_COVERED = (r'(?!.*clipped_count)' + _COVERED_AGGREGATOR[:-len(r'(/[^/]+)*'
 _CLIP_OTHER = r'(?!.*clipped_count)aggregator/(.+/)?[^/]*l2_norm_clip'
 CANARY_FINAL_MODEL = 'canary_epsilon_final_model'
 CANARY_ALL_ITERATES = 'canary_epsilon_all_iterates'
+# The canary audit of an evaluation round (`tff_dp.canaries.audit.Audit`), per threat model:
+# canary_<measure>_<final_model|all_iterates>.
+CANARY_AUDIT = {
+    'bound_one_run': ('95% lower bound on epsilon, one run (Steinke, Nasr & Jagielski 2023; '
+                      'canaries inserted by coin)', CANARY_BOUND),
+    'bound_clopper_pearson': ('95% lower bound on epsilon, threshold attack with '
+                              'Clopper-Pearson intervals', CANARY_BOUND),
+    'tpr_at_fpr_0.01': ('the attack\'s TPR at FPR 1e-2 (a diagnostic, not a bound)', OTHER),
+    'tpr_at_fpr_0.001': ('the attack\'s TPR at FPR 1e-3 (a diagnostic, not a bound)', OTHER),
+    'auroc': ('the attack\'s AUROC (a diagnostic, not a bound)', OTHER),
+}
+CANARY_THREAT_MODELS = ('final_model', 'all_iterates')
+
+
+def canary_audit_column(measure: str, threat_model: str) -> str:
+  """The metrics column of canary audit `measure` (a `CANARY_AUDIT` key) for a threat model."""
+  if measure not in CANARY_AUDIT or threat_model not in CANARY_THREAT_MODELS:
+    raise KeyError(f'no canary audit column {measure!r} / {threat_model!r}')
+  return f'canary_{measure}_{threat_model}'
 
 COLUMNS = (
     Column('round', 'the round, from 1', 'round', classes.COVERED),
@@ -92,6 +112,9 @@ COLUMNS = (
            'epsilon', classes.COVERED, CANARY_EPSILON),
     Column(CANARY_ALL_ITERATES, 'canary estimate of epsilon, all iterates',
            'epsilon', classes.COVERED, CANARY_EPSILON),
+    *(Column(canary_audit_column(measure, threat), f'{meaning}, {threat}',
+             'epsilon' if role == CANARY_BOUND else 'fraction', classes.COVERED, role)
+      for measure, (meaning, role) in CANARY_AUDIT.items() for threat in CANARY_THREAT_MODELS),
     Column(r'eval_.+', 'central evaluation of the round\'s model (eval_<metric>) or of a '
            'checkpoint aggregate (eval_<aggregate>_<metric>)', 'the metric\'s', EVAL_DATA, EVAL,
            family=True),

@@ -19,6 +19,7 @@ import os
 from typing import Callable, Optional, Union
 
 from tff_dp import run_format
+from tff_dp.canaries import scores as canary_scores
 from tff_dp.run_format import classes
 from tff_dp.run_format import columns
 
@@ -95,6 +96,9 @@ OUTPUTS = (
            'epsilon after each round (a projection, not this run\'s guarantee)', COVERED),
     Output('plots/epsilon_estimated_vs_proven.png', 'canary estimates beside the bound',
            COVERED),
+    Output(canary_scores.FILE, 'every canary\'s scores at each evaluation round, and which '
+           'canaries were inserted: functions of the released models and the canaries\' secret '
+           'directions, about no real client', COVERED),
     Output('plots/clip_vs_round.png', 'the clip norm each round used', COVERED),
     Output('plots/accuracy_vs_epsilon.png', 'evaluation accuracy against epsilon', _eval),
     Output('plots/accuracy_vs_round.png', 'evaluation accuracy against rounds', _eval),

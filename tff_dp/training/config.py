@@ -525,6 +525,9 @@ class CanaryConfig(Section):
   num_unseen_canaries: Optional[int] = setting(
       None, 'Canary directions drawn but never inserted: the fitted null of the all-iterates '
       'estimate. Unset: as many as `num_canaries`.', check=_NON_NEGATIVE)
+  canary_inclusion: str = setting(
+      'fixed', 'Which canaries are inserted (the others are held out, the null).',
+      one_of=choices.CANARY_INCLUSIONS)
   canary_seed: Optional[int] = setting(
       None, 'Make the canary directions reproducible from this seed (tests). Unset: they come '
       'from a secret key kept beside the checkpoints, as the estimate assumes.',

@@ -23,6 +23,7 @@ from tff_dp import ledger as ledger_lib
 from tff_dp import run_format
 from tff_dp import sampling
 from tff_dp.canaries import insertion as canary_insertion
+from tff_dp.canaries import scores as canary_scores
 from tff_dp.errors import UserInputError
 from tff_dp.training import aggregates_hook
 from tff_dp.training import build_evaluation
@@ -76,6 +77,9 @@ def run(cfg: ExperimentConfig, task, *, log=print,
         f'{parts.sampler.sampling_event(1).population_size}, {cfg.sampling.client_sampling} '
         'sampling, '
         f'{"secret" if parts.sampler.secret else "seeded"} samples, delta {loop_config.delta:g})')
+    for hook in parts.hooks:
+      if isinstance(hook, canary_run.CanaryRun):
+        log(hook.audit_note())
     summary = loop.run_training(loop_config, parts, stop)
     return dataclasses.replace(summary, run_dir=run_dir.path)
 
@@ -131,7 +135,9 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
       config.output, config.sampling.sampling_seed, resume, task, train_ids,
       run_dir.secret_file(build_evaluation.HOLDOUT_KEY_FILE))
   # Inserted canaries are clients of the population: sampled, and counted in N and q.
-  population = canary_run.population(train_ids, config.canaries.num_canaries)
+  canary_key = canary_run.key(config.canaries, run_dir.secret_file(canary_run.KEY_FILE), resume)
+  canary_counts = canary_run.counts(config.canaries, canary_key)
+  population = canary_run.population(train_ids, canary_counts[0])
   privacy = build_privacy.build(config.sampling, config.dp, config.accounting, population,
                                 run_dir.secret_file(build_privacy.SAMPLING_KEY_FILE), resume,
                                 config.training.total_rounds, cohort=config.noise_cohort,
@@ -143,8 +149,8 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
   process = build_process.build(task, config.training, config.adadps, config.runtime,
                                 privacy.dp_factory, public_ids=public_ids,
                                 canaries=bool(config.canaries.num_canaries))
-  canaries = _canaries(config.canaries, process, task, train_ids, privacy.delta,
-                       run_dir.secret_file(canary_run.KEY_FILE), resume)
+  canaries = _canaries(config.canaries, canary_counts, canary_key, process, task, train_ids,
+                       privacy.delta, run_dir.file(canary_scores.FILE))
   stop.raise_if_received('during start-up')
   planned = build_privacy.planned_queries(privacy, process, config.accounting.max_epsilon,
                                           resume)
@@ -172,8 +178,7 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
                    build_privacy.SAMPLING_KEY_FILE: privacy.key_to_save,
                    build_privacy.POPULATION_FILE: privacy.population_to_save,
                    build_privacy.LEDGER_KEY_FILE: privacy.ledger_key_to_save,
-                   canary_run.KEY_FILE: (canaries.directions.key if canaries is not None
-                                         and not resume else None),
+                   canary_run.KEY_FILE: canary_key if not resume else None,
                    build_evaluation.HOLDOUT_KEY_FILE: evaluation_data.key_to_save})
   max_index = evaluator.output_dim   # Labels/tokens must index the model's outputs.
   parts = components.LoopComponents(
@@ -230,24 +235,20 @@ def _hooks(cfg: config_lib.CheckpointAggregationConfig, evaluator, canaries) -> 
   return hooks + ([canaries] if canaries is not None else [])
 
 
-def _canaries(cfg: config_lib.CanaryConfig, process, task, train_ids, delta: float,
-              key_path: str, resume: bool) -> Optional[canary_run.CanaryRun]:
-  """The run's canaries (None without): directions in the dimension of the model's trainable
-  weights, from `canary_seed`, or from the key at `key_path` (a resume), or a new key."""
+def _canaries(cfg: config_lib.CanaryConfig, counts: tuple[int, int],
+              canary_key: Optional[bytes], process, task, train_ids, delta: float,
+              scores_path: str) -> Optional[canary_run.CanaryRun]:
+  """The run's canaries (None without): `counts` (inserted, held out) directions in the
+  dimension of the model's trainable weights, from `canary_seed` or the run's key."""
   if not cfg.num_canaries:
     return None
   shapes = [w.shape for w in process.get_model_weights(process.initialize()).trainable]
-  key = None
-  if cfg.canary_seed is None:
-    key = sampling.load_key(key_path, what='canary key')
-    if key is None and resume:
-      raise UserInputError(f'`resume`: {key_path} is missing; without the canary key the '
-                           'canary statistics cannot be continued')
   directions = canaries_lib.CanaryDirections(
-      canaries_lib.dimension(shapes), cfg.num_canaries, cfg.unseen, seed=cfg.canary_seed,
-      key=key, base_fn=canary_insertion.tf_base_vector)
+      canaries_lib.dimension(shapes), *counts, seed=cfg.canary_seed, key=canary_key,
+      base_fn=canary_insertion.tf_base_vector)
   dataset_fn = build_process.client_dataset_fn(task)
-  return canary_run.CanaryRun(directions, lambda: dataset_fn(train_ids[0]).take(0), delta)
+  return canary_run.CanaryRun(directions, lambda: dataset_fn(train_ids[0]).take(0), delta,
+                              coin=cfg.canary_inclusion == 'coin', scores_path=scores_path)
 
 
 def _clip_group_labels(dp_factory, evaluator) -> dict[str, str]:

@@ -117,12 +117,15 @@ def _epsilon_figures(cols, delta, projection_delta, simulation: bool) -> list:
         'Projected epsilon of the production run (noise cohort):\n'
         'not a guarantee for this run\'s clients'), 'projected_epsilon_vs_round.png'))
   estimate_cols = _with_numbers(cols, columns_lib.CANARY_EPSILON)
-  if estimate_cols:
-    curves = ([(cols[k], f'proven bound ({accountant(k)} accountant)', '-') for k in eps_cols]
-              + [(cols[k], columns_lib.column(k).meaning, '--') for k in estimate_cols])
+  bound_cols = _with_numbers(cols, columns_lib.CANARY_BOUND)
+  if estimate_cols or bound_cols:
+    curves = ([(cols[k], f'proven epsilon ({accountant(k)} accountant): the ceiling', '-')
+               for k in eps_cols]
+              + [(cols[k], columns_lib.column(k).meaning, '--') for k in estimate_cols]
+              + [(cols[k], columns_lib.column(k).meaning, '') for k in bound_cols])
     at = f' at delta = {delta:.3g}' if delta is not None else ''
     figures.append((_epsilon_figure(rounds, curves, f'epsilon{at}',
-                                    'Estimated (canaries) vs proven epsilon'),
+                                    'Canary estimates and lower bounds vs proven epsilon'),
                     'epsilon_estimated_vs_proven.png'))
   return figures
 

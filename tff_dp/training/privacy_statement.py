@@ -288,6 +288,14 @@ def format_statement(s: Mapping[str, Any]) -> str:
   if estimate:
     lines.append(f'  empirical epsilon at delta = {s["delta"]:g} from {estimate["canaries"]} '
                  f'canaries (an estimate, not a bound): {_format_estimates(estimate)}')
+  bounds = s.get('empirical_bounds')
+  if bounds:
+    found = '; '.join(f'{kind.replace("_", " ")}: ' + ', '.join(
+        f'{value:.3g} ({threat.replace("_", " ")})' for threat, value in values.items())
+                      for kind, values in bounds['lower_bounds'].items())
+    lines.append(f'  canary audit, {bounds["confidence"]:.0%} lower bounds on epsilon at delta '
+                 f'= {s["delta"]:g}: {found or "none"}'
+                 + (f' ({bounds["no_one_run_bound"]})' if 'no_one_run_bound' in bounds else ''))
   if s['private_release']:
     lines.append('  private release: no non-private diagnostic was printed; publish release/')
   else:
