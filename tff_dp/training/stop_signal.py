@@ -13,6 +13,7 @@ import threading
 from typing import Callable, Optional
 
 from tff_dp import errors
+from tff_dp import runtime
 
 
 class StopSignal:
@@ -40,7 +41,10 @@ class StopSignal:
 
   def _handle(self, signum, frame):
     del frame
-    if self.received is not None:   # Second signal: stop now.
+    if self.received is not None:   # Second signal: stop now, and the round with it.
+      # TFF's worker has its own process group, so the signal did not reach it: stop it here,
+      # or exiting would wait for the round it computes (TFF's thread is not a daemon).
+      runtime.shutdown_workers()
       if signum == signal.SIGINT:
         raise KeyboardInterrupt
       raise SystemExit(128 + signum)
