@@ -59,8 +59,10 @@ test: setup
 test-tables: setup
 	$(PYTEST) --durations=10 -m all_tables tests
 
+# The edit-test loop: every unit and contract test, no end-to-end run (tests marked `slow`:
+# whole experiments, command lines, signals); about 3 minutes on 2 cores (docs/BENCHMARKS.md).
 test-fast: setup
-	$(PYTEST) -m "not slow" tests
+	$(PYTEST) --durations=5 -m "not slow" tests
 
 bench: setup
 	$(PY) benchmarks/run_all.py

@@ -101,6 +101,7 @@ def _brute_sensitivity(coefs, t, b, k):
   return _brute_force_sensitivity(toeplitz.materialize(coefs, t), b, k) ** 0.5
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_a_blt_run_records_its_strategy_and_is_accounted_as_one_gaussian(tag_data_dir,
                                                                            tmp_path):
   root = tmp_path / 'runs'
@@ -146,6 +147,7 @@ def test_what_the_accounting_cannot_analyse_is_refused_before_anything_is_writte
   assert not os.path.exists(tmp_path / 'runs')
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_a_resumed_bandmf_run_continues_its_noise_and_epsilon_curve(tag_data_dir, tmp_path):
   root = tmp_path / 'runs'
   args = BASE + ['--dp=bandmf', f'--data_dir={tag_data_dir}', f'--root_output_dir={root}',
@@ -175,6 +177,7 @@ def test_a_resumed_bandmf_run_continues_its_noise_and_epsilon_curve(tag_data_dir
 
 
 @pytest.mark.parametrize('kind', ['blt', 'bandmf'])
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_resume_mid_run_with_noise_off_gives_the_uninterrupted_model(kind, tag_task, tmp_path):
   """Stopped after round 3 (a stop signal between rounds) and resumed to round 7: the noise
   state (zero with noise off), the seeded samples and the server optimizer continue, so the

@@ -91,6 +91,7 @@ def test_the_ledger_records_groups_for_cyclic_poisson_only():
     ledger_lib.SamplingEvent('cyclic_poisson', 40, probability=0.2, epoch=1)
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_an_amplified_bandmf_run_is_accounted_as_poisson_sampled_gaussians_per_cycle(
     tag_data_dir, tmp_path):
   root = tmp_path / 'runs'
@@ -126,6 +127,7 @@ def test_an_amplified_bandmf_run_is_accounted_as_poisson_sampled_gaussians_per_c
   assert 'cyclic_poisson' in out
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_a_secret_partition_is_saved_and_a_resume_continues_with_it(tag_task, tmp_path):
   """The groups are a secret key's: a run stopped mid-cycle kept it (owner-only) and its resume
   continues with the same key; without it a resume is refused (a new partition mid-cycle

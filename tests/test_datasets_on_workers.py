@@ -116,6 +116,7 @@ def _run(data_dir, root, name, **overrides):
   return weights, records, [l for l in lines if 'skipped' in l]
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_ids_mode_trains_the_same_model_with_the_same_ledger(odd_so_cache, tmp_path):
   # All 8 clients (6 + the two odd ones) in both rounds: the odd id trains, the empty one is
   # rejected, in both modes.

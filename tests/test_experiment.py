@@ -38,6 +38,7 @@ def _run(data_dir, root, name, **overrides):
   return summary, rows, records
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_max_epsilon_stops_before_the_round_that_would_exceed_it(data_dir, tmp_path):
   _, full_rows, full_records = _run(data_dir, tmp_path, 'full', total_rounds=6)
   eps = [float(r['epsilon_rdp']) for r in full_rows]
@@ -61,6 +62,7 @@ def test_max_epsilon_stops_before_the_round_that_would_exceed_it(data_dir, tmp_p
   assert direct[3] > limit >= direct[2]
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_checkpoint_aggregation_and_preconditioning_leave_ledger_unchanged(data_dir, tmp_path):
   _, base_rows, base_records = _run(data_dir, tmp_path, 'base')
   _, agg_rows, agg_records = _run(
@@ -77,6 +79,7 @@ def test_checkpoint_aggregation_and_preconditioning_leave_ledger_unchanged(data_
   assert [r['train_loss'] for r in pre_rows] != [r['train_loss'] for r in base_rows]
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_loop_implementation_reaches_tff_and_trains_the_same_model(data_dir, tmp_path,
                                                                    monkeypatch):
   """Both client loops (AdaDPS client path included) give one model; the choice reaches TFF."""
@@ -114,6 +117,7 @@ def test_loop_implementation_is_validated_and_may_change_on_resume(tmp_path):
     cfg.replace(loop_implementation='DATASET_REDUCE')
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_worker_restarts_between_rounds_leave_the_model_unchanged(data_dir, tmp_path):
   """--worker_restart_rounds=2: a fresh worker_binary from round 3 on, the same trained model."""
   from tff_dp import runtime  # pylint: disable=g-import-not-at-top

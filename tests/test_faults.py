@@ -90,6 +90,7 @@ def _tiny_task():
       metrics_fn=lambda: [tf.keras.metrics.SparseCategoricalAccuracy(name='accuracy')])
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_bad_client_data_and_diverged_updates_never_reach_the_model(tmp_path):
   task = _tiny_task()
   cfg = config_lib.ExperimentConfig.from_settings(
@@ -130,6 +131,7 @@ _COMMON = ['--task=emnist', '--emnist_only_digits', '--dp=fixed', '--clip=0.5',
            '--client_batch_size=10', '--max_elements_per_client=30', '--delta=1e-3']
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_client_ids_with_quotes_train_through_the_cli(tmp_path):
   # TFF pastes client ids into SQL text: "o'brien" broke the query (a traceback in round 1,
   # and again on --resume) and "x' OR '1'='1" read every client's rows as its own.

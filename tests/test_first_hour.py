@@ -63,6 +63,7 @@ def test_refused_new_runs_write_nothing(extra, named, tag_data_dir, tmp_path):
   assert not (tmp_path / 'runs').exists()   # Not even the root directory.
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_refused_resumes_change_nothing(tag_data_dir, tmp_path):
   args = BASE + [f'--data_dir={tag_data_dir}', f'--root_output_dir={tmp_path}',
                  '--experiment_name=run']
@@ -83,6 +84,7 @@ def test_refused_resumes_change_nothing(tag_data_dir, tmp_path):
   assert _snapshot(run) == damaged
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_resume_needs_only_where_the_run_is(tag_data_dir, tmp_path):
   root = tmp_path / 'runs'
   args = BASE + [f'--data_dir={tag_data_dir}', f'--root_output_dir={root}',

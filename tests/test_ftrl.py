@@ -461,6 +461,7 @@ def _experiment(data_dir, root, name, **overrides):
   return summary, rows, records
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_ftrl_run_records_trees_epochs_and_epsilon(data_dir, tmp_path):
   import os  # pylint: disable=g-import-not-at-top
   import stat  # pylint: disable=g-import-not-at-top
@@ -482,6 +483,7 @@ def test_ftrl_run_records_trees_epochs_and_epsilon(data_dir, tmp_path):
   assert stat.S_IMODE(os.stat(key).st_mode) == 0o600
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_max_epsilon_stops_a_tree_run_before_the_round_that_would_exceed_it(data_dir, tmp_path):
   """`max_epsilon` predicts the next round's tree event (the next leaf of this epoch's tree, or a
   new tree at an epoch boundary) and stops before it; the cap lies between two rounds' epsilons
@@ -506,6 +508,7 @@ def test_ftrl_refuses_poisson_sampling_with_one_line(data_dir, tmp_path):
 
 
 @pytest.mark.parametrize('dp', ['ftrl', 'ftrl_adaptive'])
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_resume_mid_tree_gives_the_same_model_and_epsilon_curve(dp, data_dir, tmp_path):
   """Stopped after round 3 (inside the first tree) and resumed to round 6: with noise off the
   same model as an uninterrupted run, and with noise the same epsilon curve and tree leaves."""

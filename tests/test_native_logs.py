@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests import run_helpers
 
 TF_RECORD = ('2026-11-25 23:56:33.699724: E tensorflow/core/grappler/grappler_item_builder.cc:'
@@ -74,6 +76,7 @@ def test_a_child_given_the_real_stderr_outlives_the_block_and_is_heard():
   assert done.stderr.splitlines() == ['child']
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_a_run_through_the_api_prints_only_its_own_lines_unless_asked():
   """One process, two runs of a 12-client task: held back (default), then `native_logs=True`,
   which shows TensorFlow's own records (the proof that there were some to hold back). The

@@ -54,6 +54,7 @@ def test_the_noise_added_is_z_clip_m_over_big_m_on_the_sum(kind, extra):
     assert sensitivity > 1.0
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_a_cohort_run_records_what_it_executed_and_projects_the_production_epsilon(
     tag_data_dir, tmp_path):
   root = tmp_path / 'runs'

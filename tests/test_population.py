@@ -189,6 +189,7 @@ def test_add_index_to_a_file_without_one(tmp_path):
   assert data_files.main([str(tmp_path / 'missing.sqlite'), '--add_index']) == 2
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_client_slices_match_the_unsliced_run(tmp_path):
   # --client_slices=3: the round's clients run in 3 sequential slices on the local worker
   # (TFF's mergeable context), bounding the worker's memory to a slice; same training up to

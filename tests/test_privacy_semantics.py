@@ -68,6 +68,7 @@ def _tree(path):
 
 # 1. --max_epsilon is checked before round 1.
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_max_epsilon_below_the_first_round_refuses_to_start(task, tmp_path):
   first = _rdp_epsilon(5 / POPULATION, 0.8, 1, 1e-3)
   with pytest.raises(errors.UserInputError, match='first round alone'):
@@ -99,6 +100,7 @@ def test_secret_sampler_is_not_reproducible_but_stable_within_a_round():
   assert np.all(np.abs(counts - 400) < 100)
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_run_samples_are_not_recomputable_from_its_seed(task, tmp_path):
   def observed(name, **kw):
     summary, _ = _run(task, tmp_path, name, total_rounds=8, **kw)
@@ -122,6 +124,7 @@ def test_run_samples_are_not_recomputable_from_its_seed(task, tmp_path):
 
 # 3. A round whose sample is empty is run on a zero sum and recorded.
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_empty_rounds_are_noised_and_recorded(task, tmp_path):
   q = 1 / POPULATION
   ids = task.train_data.client_ids
@@ -148,6 +151,7 @@ DIAGNOSTICS = ('num_clients', 'clients_rejected', 'train_loss', 'train_accuracy'
                'aggregator/non_finite_zeroed')
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_private_release_writes_and_prints_no_diagnostic(task, tmp_path):
   summary, lines = _run(task, tmp_path, 'public', private_release=True, total_rounds=3,
                         dp='adaptive', clip=0.5, noise_multiplier=0.5, clipped_count_stddev=2.0,
@@ -176,6 +180,7 @@ def test_private_release_writes_and_prints_no_diagnostic(task, tmp_path):
   assert any(l.startswith('privacy: user-level') for l in lines)
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_default_run_lists_its_diagnostics_in_the_statement(task, tmp_path):
   summary, _ = _run(task, tmp_path, 'default', total_rounds=1)
   with open(os.path.join(summary.run_dir, 'summary.json')) as f:
@@ -187,6 +192,7 @@ def test_default_run_lists_its_diagnostics_in_the_statement(task, tmp_path):
 
 # 8. --resume refuses changed settings.
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_resume_refuses_changed_mechanism_and_records_allowed_changes(task, tmp_path):
   _run(task, tmp_path, 'exp', total_rounds=2)
   # .lock included: a refused resume leaves the run directory as it was, to the byte.
@@ -256,6 +262,7 @@ def test_sigint_during_start_up_exits_130(delay, tmp_path, data_dir):
   assert 'round    5/5' not in out
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_dp_noise_is_not_a_function_of_the_seeds(task, tmp_path):
   """--seed and --sampling_seed reproduce everything but the noise (which must stay secret)."""
   def first_eval_loss(name, z):

@@ -36,6 +36,7 @@ def test_the_pages_have_their_python_blocks():
 
 
 @pytest.mark.parametrize('index', range(len(_python_blocks())))
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_python_block_runs_as_printed(index, tmp_path, monkeypatch):
   page, block = _python_blocks()[index]
   monkeypatch.chdir(tmp_path)   # runs/ and the embedded data go here.
@@ -70,6 +71,7 @@ def test_the_pipeline_block_as_a_program_leaves_no_worker(tmp_path):
   assert not tagged_workers(tag)
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_importing_the_package_changes_nothing_process_wide():
   program = '''
 import atexit, signal, subprocess

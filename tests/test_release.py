@@ -68,6 +68,7 @@ def test_the_test_split_shares_the_training_users_as_in_tff(task):
   assert test and test <= train
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_default_run_every_output_classified_eval_on_protected_users_is_diagnostic(
     task, tmp_path):
   run_dir, privacy, _ = _run(task, tmp_path, 'default', ema_beta=0.5, uncertainty_last_k=2)
@@ -84,6 +85,7 @@ def test_default_run_every_output_classified_eval_on_protected_users_is_diagnost
     assert json.load(f)['statistics']['prediction_scores']['per_example'] is not None
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_private_release_folder_is_publishable_as_it_is(task, tmp_path):
   run_dir, privacy, lines = _run(task, tmp_path, 'public', private_release=True,
                                  eval_data='holdout', eval_holdout_clients=4, ema_beta=0.5,
@@ -123,6 +125,7 @@ def test_private_release_folder_is_publishable_as_it_is(task, tmp_path):
   assert not any('client' in l and l.startswith('round ') for l in lines)
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_private_release_drops_evaluation_on_protected_users(task, tmp_path):
   run_dir, privacy, _ = _run(task, tmp_path, 'shared', private_release=True,
                              uncertainty_last_k=2)
@@ -133,6 +136,7 @@ def test_private_release_drops_evaluation_on_protected_users(task, tmp_path):
   assert 'release/models/last_iterate.keras' in kinds
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_public_test_data_is_covered_by_declaration(task, tmp_path):
   run_dir, privacy, _ = _run(task, tmp_path, 'declared', eval_data='public_test',
                              private_release=True)
@@ -140,6 +144,7 @@ def test_public_test_data_is_covered_by_declaration(task, tmp_path):
   assert 'declared public' in privacy['evaluation']
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_tree_checkpoints_hold_the_noise_and_are_secret(task, tmp_path):
   run_dir, privacy, _ = _run(task, tmp_path, 'tree', dp='ftrl', client_sampling='shuffled',
                              rounds_per_checkpoint=1, private_release=True,

@@ -51,6 +51,7 @@ def _ledger_rounds(run_dir):
   return [r.round_num for r in ledger_lib.read_ledger(os.path.join(run_dir, 'ledger.jsonl'))]
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_max_epsilon_stop_keeps_its_rounds_so_raising_the_cap_reexecutes_nothing(task, tmp_path):
   cap = (_epsilon(*[Z] * 3) + _epsilon(*[Z] * 4)) / 2   # Stops before round 4.
   lines = []
@@ -66,6 +67,7 @@ def test_max_epsilon_stop_keeps_its_rounds_so_raising_the_cap_reexecutes_nothing
       _epsilon(*[Z] * 6), rel=1e-6)
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_second_signal_keeps_the_completed_rounds(task, tmp_path):
   stop = stop_signal.StopSignal(lambda line: None)
 
@@ -84,6 +86,7 @@ def test_second_signal_keeps_the_completed_rounds(task, tmp_path):
       _epsilon(*[Z] * 6), rel=1e-6)
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_seeded_round_reexecuted_after_a_crash_is_one_sample_released_twice(task, tmp_path):
   class Crash(Exception):
     pass
@@ -103,6 +106,7 @@ def test_seeded_round_reexecuted_after_a_crash_is_one_sample_released_twice(task
   assert expected > _epsilon(*[Z] * 9) * 1.05   # What the ledger claimed before.
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_seeded_run_headline_holds_against_the_seed_holder(task, tmp_path):
   summary = _run(task, tmp_path, 'seeded', total_rounds=3)
   privacy = summary.privacy

@@ -376,6 +376,7 @@ def _planned(stdout):
 
 
 @pytest.mark.parametrize('scale', ['smoke', 'full'])
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_extra_flags_runs_are_new_runs_beside_the_finished_ones(tmp_path, scale):
   """After a seed-0 run of every arm, --extra_flags=--seed=1 runs every arm again in new
   directories (not 'complete, skipped'); --seed=2 in yet others; a finished --seed=1 run is

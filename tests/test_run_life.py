@@ -16,6 +16,7 @@ DEMO = dict(task='stackoverflow_tag', dp='adaptive', clip=0.1, noise_multiplier=
             delta=1e-3)
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_the_demo_run_resumes(tag_task, tmp_path, monkeypatch):
   """A run with the demo's flags (last-k uncertainty among them) stopped, then resumed to more
   rounds: it used to crash restoring the last-k models into an empty list."""
@@ -33,6 +34,7 @@ def test_the_demo_run_resumes(tag_task, tmp_path, monkeypatch):
   assert 'held-out clients' in accuracy.get_ylabel()
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_a_finished_run_is_not_resumed_to_fewer_rounds(tag_task, tmp_path):
   settings = dict(DEMO, root_output_dir=str(tmp_path), total_rounds=2, uncertainty_last_k=0)
   run_stopped_after(settings, tag_task, 'done')
@@ -90,6 +92,7 @@ def test_reproduce_refuses_paths_it_cannot_use_before_any_arm_runs(tmp_path):
   assert sorted(os.listdir(tmp_path)) == ['a_file']
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_a_stop_once_the_run_directory_exists_says_so_and_resume_continues(tag_task, tmp_path):
   """A signal after the run directory was written but before round 1: the messages say the
   directory exists and how to continue it (they said nothing was written), and `resume` does."""
@@ -165,6 +168,7 @@ def _listing(root):
   return sorted((p, sorted(d), sorted(f)) for p, d, f in os.walk(root))
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_refusals_of_data_output_and_resume_come_before_tensorflow(tag_task, tag_data_dir,
                                                                    tmp_path):
   """Each refusal: exit 2, one `error:` line naming what is wrong, TensorFlow never imported,
@@ -215,6 +219,7 @@ def test_refusals_of_data_output_and_resume_come_before_tensorflow(tag_task, tag
   assert _listing(tmp_path) == before
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_a_run_leaves_the_callers_random_states_and_matplotlib_as_it_found_them(tag_task,
                                                                                   tmp_path):
   """Issue 38, item 4: no backend switching, no global reseeding left behind."""

@@ -40,6 +40,7 @@ def _start(mode):
 
 
 @pytest.mark.parametrize('mode', ['exit', 'raise'])
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_pipe_closes_and_no_worker_survives(mode):
   proc, tag = _start(mode)
   # communicate() only returns once every holder of the stdout pipe is gone: a leaked worker
@@ -51,6 +52,7 @@ def test_pipe_closes_and_no_worker_survives(mode):
   assert tagged_workers(tag) == set()
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_sigterm_stops_worker():
   proc, tag = _start('wait')
   assert 'result 42' in proc.stdout.readline()

@@ -60,6 +60,7 @@ def _config(root):
       output=config.OutputConfig(root_output_dir=str(root)))
 
 
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_a_task_defined_here_trains_and_is_accounted(tmp_path):
   lines = []
   summary = tff_dp.run(_config(tmp_path / 'runs'), task=TwoClassTask(), log=lines.append)

@@ -228,4 +228,3 @@ class CanaryRun(round_hooks.RoundHook):
     if every is not None:
       row[columns.CANARY_ALL_ITERATES] = every.epsilon
     return row
-
