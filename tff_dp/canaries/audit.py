@@ -31,6 +31,10 @@ from scipy import stats
 from tff_dp.errors import UserInputError
 
 
+# The confidence a run states its lower bounds at (`python -m tff_dp.canaries` takes others).
+CONFIDENCE = 0.95
+
+
 def _check_confidence(confidence: float) -> float:
   if not 0 < confidence < 1:
     raise UserInputError(f'`confidence` must be in (0, 1), got {confidence!r}')
@@ -87,7 +91,7 @@ def guesses(scores: Sequence[float], inserted: Sequence[bool], k_plus: int,
 
 
 def one_run_lower_bound(scores: Sequence[float], inserted: Sequence[bool], delta: float,
-                        k_plus: int, k_minus: int, confidence: float = 0.95) -> float:
+                        k_plus: int, k_minus: int, confidence: float = CONFIDENCE) -> float:
   """The one-run lower bound on epsilon at `confidence`, for guesses on the top `k_plus` and
   bottom `k_minus` scores (chosen before looking at which canaries were inserted)."""
   confidence = _check_confidence(confidence)
@@ -96,7 +100,7 @@ def one_run_lower_bound(scores: Sequence[float], inserted: Sequence[bool], delta
   return _largest_epsilon(lambda e: one_run_p_value(m, r, v, e, delta), confidence)
 
 
-def min_canaries_for_a_bound(delta: float, confidence: float = 0.95) -> int:
+def min_canaries_for_a_bound(delta: float, confidence: float = CONFIDENCE) -> int:
   """The fewest canaries with which a one-run bound can exceed 0 at all: every canary guessed
   and every guess right (below it, any run, however leaky, gets the bound 0)."""
   confidence = _check_confidence(confidence)
@@ -110,7 +114,7 @@ def min_canaries_for_a_bound(delta: float, confidence: float = 0.95) -> int:
 
 def clopper_pearson_lower_bound(inserted_scores: Sequence[float],
                                 held_out_scores: Sequence[float], threshold: float,
-                                delta: float, confidence: float = 0.95) -> float:
+                                delta: float, confidence: float = CONFIDENCE) -> float:
   """Lower bound on epsilon from the attack "score > threshold means inserted": exact
   one-sided bounds on its TPR (below) and FPR (above), each at sqrt(confidence)."""
   confidence = _check_confidence(confidence)
@@ -176,7 +180,7 @@ class Audit:
 
 
 def one_run_bound_over_guesses(scores, inserted, delta: float,
-                               confidence: float = 0.95) -> float:
+                               confidence: float = CONFIDENCE) -> float:
   """The one-run lower bound with the pre-declared guesses of `ONE_RUN_GUESS_FRACTIONS`."""
   confidence = _check_confidence(confidence)
   each = 1.0 - (1.0 - confidence) / len(ONE_RUN_GUESS_FRACTIONS)
@@ -188,7 +192,8 @@ def _guess_counts(m: int) -> list[int]:
   return sorted({max(1, min(m // 2, int(round(f * m)))) for f in ONE_RUN_GUESS_FRACTIONS})
 
 
-def min_canaries_for_a_bound_over_guesses(delta: float, confidence: float = 0.95) -> int:
+def min_canaries_for_a_bound_over_guesses(delta: float,
+                                          confidence: float = CONFIDENCE) -> int:
   """The fewest canaries with which `one_run_bound_over_guesses` can exceed 0: its widest
   guess (2k of m) all right. Below it a run reports no one-run bound."""
   confidence = _check_confidence(confidence)
@@ -201,7 +206,7 @@ def min_canaries_for_a_bound_over_guesses(delta: float, confidence: float = 0.95
 
 
 def audit(scores, inserted, delta: float, *, coin: bool, split_seed: int,
-          confidence: float = 0.95) -> Audit:
+          confidence: float = CONFIDENCE) -> Audit:
   """The bounds and diagnostics of canary `scores` (higher: more likely inserted), `inserted`
   saying which canaries were. `coin`: each canary was inserted by its own fair coin (else no
   one-run bound). `split_seed` picks the Clopper-Pearson threshold's half of the canaries

@@ -11,8 +11,8 @@ from tff_dp.canaries import scores as scores_lib
 from tff_dp.run_format import columns
 
 
-def columns_of(found: scores_lib.Scores, delta: float, *, coin: bool,
-               round_num: int, confidence: float = 0.95) -> dict[str, float]:
+def columns_of(found: scores_lib.Scores, delta: float, *, coin: bool, round_num: int,
+               confidence: float = audit_lib.CONFIDENCE) -> dict[str, float]:
   """{metrics column: value} of `audit.audit` at `confidence` on each threat model's scores
   of round `round_num` (whose number seeds the Clopper-Pearson split)."""
   row = {}

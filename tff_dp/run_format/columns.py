@@ -17,6 +17,7 @@ import re
 from typing import Iterable, Optional
 
 from tff_dp import choices
+from tff_dp.canaries import scores as canary_scores
 from tff_dp.run_format import classes
 
 # Roles: what a reader looks a column up by.
@@ -77,7 +78,7 @@ CANARY_AUDIT = {
     'tpr_at_fpr_0.001': ('the attack\'s TPR at FPR 1e-3 (a diagnostic, not a bound)', OTHER),
     'auroc': ('the attack\'s AUROC (a diagnostic, not a bound)', OTHER),
 }
-CANARY_THREAT_MODELS = ('final_model', 'all_iterates')
+CANARY_THREAT_MODELS = canary_scores.THREAT_MODELS
 
 
 def canary_audit_column(measure: str, threat_model: str) -> str:

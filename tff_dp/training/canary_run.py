@@ -208,7 +208,7 @@ class CanaryRun(round_hooks.RoundHook):
                 if columns.canary_audit_column(measure, t) in self._last_audit}
       if values:
         found[measure[len('bound_'):]] = values
-    entry = {'confidence': 0.95, 'lower_bounds': found,
+    entry = {'confidence': audit_lib.CONFIDENCE, 'lower_bounds': found,
              'note': 'lower bounds on epsilon: a bound above the proven epsilon is evidence of '
                      'a bug; one below it says nothing more (`python -m tff_dp.canaries '
                      '--run_dir` recomputes them from ' + scores_lib.FILE + ')'}
