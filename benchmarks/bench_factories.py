@@ -4,7 +4,7 @@ Arms, all in `tff.learning.algorithms.build_unweighted_fed_avg` with the same cl
   plain            TFF's default mean (no DP)
   tff_fixed        TFF's built-in DifferentiallyPrivateFactory.gaussian_fixed
   tff_adaptive     TFF's built-in DifferentiallyPrivateFactory.gaussian_adaptive
-  fixed, adaptive, per_layer   our factories (tff_dp.aggregators.build_dp_aggregator)
+  fixed, adaptive, per_layer   our factories (tff_dp.mechanisms.build_aggregator)
   ftrl, ftrl_adaptive   DP-FTRL: our wrappers of TFF's tree_aggregation / tree_adaptive
   blt, bandmf      correlated-noise DP-FTRL (ours), planned for `--plan_rounds` rounds with a
                    client every `--min_separation` (BLT's few buffers; BandMF's bands - 1: 19)
@@ -41,6 +41,7 @@ from tff_dp import accounting  # noqa: E402
 from tff_dp import aggregators  # noqa: E402
 from tff_dp import ledger as ledger_lib  # noqa: E402
 from tff_dp import runtime  # noqa: E402
+from tff_dp import mechanisms  # noqa: E402
 
 runtime.manage_workers()   # No TFF worker outlives the benchmark.
 from tff_dp.training import adadps_setup  # noqa: E402
@@ -57,7 +58,7 @@ def _arms(task, clients, *, plan_rounds, min_separation):
   m = float(clients)
   weights = tff.learning.models.ModelWeights.from_model(task.model_fn())
   ones = [np.ones(np.shape(w), np.float32) * 0.5 for w in weights.trainable]
-  ours = lambda kind, **kw: aggregators.build_dp_aggregator(  # noqa: E731
+  ours = lambda kind, **kw: mechanisms.build_aggregator(  # noqa: E731
       kind, noise_multiplier=_Z, clients_per_round=m, clip=_CLIP, **kw)
   sgd = lambda lr: tff.learning.optimizers.build_sgdm(lr)  # noqa: E731
   arms = {

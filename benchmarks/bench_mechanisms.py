@@ -36,7 +36,7 @@ from tff_dp import runtime as _runtime  # noqa: E402
 _runtime.manage_workers()   # No TFF worker outlives the benchmark.
 import tensorflow_federated as tff  # noqa: E402
 
-from tff_dp import aggregators  # noqa: E402
+from tff_dp import mechanisms  # noqa: E402
 from tff_dp.accounting import calibration  # noqa: E402
 from tff_dp.accounting import correlated  # noqa: E402
 
@@ -69,15 +69,15 @@ def arms(setting: str, rounds: int, cycle: int, epsilon: float, delta: float, cl
   z_tree = calibration.calibrate_noise_multiplier(
       epsilon, delta, rounds, population_size=population, clients_per_round=1,
       mechanism='tree').noise_multiplier
-  out = [('gaussian', aggregators.build_dp_aggregator(
+  out = [('gaussian', mechanisms.build_aggregator(
       'fixed', noise_multiplier=z_gauss, clients_per_round=1.0, clip=clip),
           z_gauss * clip * math.sqrt(rounds), z_gauss),
-         ('tree', aggregators.build_dp_aggregator(
+         ('tree', mechanisms.build_aggregator(
              'ftrl', noise_multiplier=z_tree, clients_per_round=1.0, clip=clip,
              rounds_per_epoch=population), None, z_tree)]
   for kind in ('bandmf', 'blt'):
     extra = {'bands': min(bands, separation)} if kind == 'bandmf' else {}
-    factory = aggregators.build_dp_aggregator(
+    factory = mechanisms.build_aggregator(
         kind, noise_multiplier=z_corr, clients_per_round=1.0, clip=clip, rounds=rounds,
         min_separation=separation, max_participations=participations, **extra)
     out.append((kind, factory,

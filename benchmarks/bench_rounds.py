@@ -21,7 +21,7 @@ _runtime.manage_workers()   # No TFF worker outlives the benchmark.
 import bench_common  # noqa: E402
 import tasks  # noqa: E402
 from tasks import synthetic_data  # noqa: E402
-from tff_dp import aggregators  # noqa: E402
+from tff_dp import mechanisms  # noqa: E402
 
 _TASK_OPTIONS = {
     'emnist': {},
@@ -35,9 +35,9 @@ def bench_task(name, data_dir, clients, rounds):
   datasets = [ds.cache() for ds in bench_common.first_client_datasets(task, clients)]
   arms = {
       'plain': bench_common.fed_avg(task.model_fn),
-      'dp_fixed': bench_common.fed_avg(task.model_fn, aggregators.build_dp_aggregator(
+      'dp_fixed': bench_common.fed_avg(task.model_fn, mechanisms.build_aggregator(
           'fixed', noise_multiplier=0.5, clients_per_round=float(clients), clip=1.0)),
-      'dp_adaptive': bench_common.fed_avg(task.model_fn, aggregators.build_dp_aggregator(
+      'dp_adaptive': bench_common.fed_avg(task.model_fn, mechanisms.build_aggregator(
           'adaptive', noise_multiplier=0.5, clients_per_round=float(clients), clip=1.0)),
   }
   states = {k: p.initialize() for k, p in arms.items()}

@@ -40,6 +40,7 @@ from tasks import synthetic_data  # noqa: E402
 from tff_dp import aggregators  # noqa: E402
 from tff_dp import distributed  # noqa: E402
 from tff_dp import runtime  # noqa: E402
+from tff_dp import mechanisms  # noqa: E402
 
 runtime.manage_workers()   # No TFF worker outlives the benchmark.
 
@@ -61,7 +62,7 @@ def _process(task, clients):
         _without_dropout(task.keras_model_fn)(), loss=task.loss_fn(),
         input_spec=task.input_spec)
   return bench_common.fed_avg(
-      model_fn, aggregators.build_dp_aggregator(
+      model_fn, mechanisms.build_aggregator(
           'adaptive', noise_multiplier=0.0,
           clients_per_round=float(clients), clip=0.1,
           adaptive=aggregators.AdaptiveClipping(clipped_count_stddev=0.0)),

@@ -10,6 +10,7 @@ import tensorflow_federated as tff
 import tensorflow_privacy as tfp
 
 from tff_dp import aggregators
+from tff_dp import mechanisms
 from tff_dp.aggregators import estimate_floor
 from tff_dp.aggregators import privacy_queries
 from tff_dp.errors import UserInputError
@@ -412,7 +413,7 @@ def test_noise_std_matches_configuration(kind):
   """All-zero updates: the aggregate is pure noise / m; 20000 draws estimate its std to ~0.5%."""
   z, m, sigma_b, clip = 0.8, 10.0, 2.0, 0.5
   shapes = [(12000,), (8000,)]
-  factory = aggregators.build_dp_aggregator(
+  factory = mechanisms.build_aggregator(
       kind, noise_multiplier=z, clients_per_round=m, clip=clip,
       adaptive=aggregators.AdaptiveClipping(clipped_count_stddev=sigma_b))
   process = _process(factory, shapes)
@@ -440,28 +441,28 @@ def test_noise_std_matches_configuration(kind):
 # ---------------------------------------------------------------- builder and drop-in
 
 
-def test_build_dp_aggregator_rejects_bad_combinations():
+def test_build_aggregator_rejects_bad_combinations():
   kw = dict(noise_multiplier=1.0, clients_per_round=10.0, clip=1.0)
   with pytest.raises(UserInputError, match='unknown DP aggregation'):
-    aggregators.build_dp_aggregator('bogus', **kw)
+    mechanisms.build_aggregator('bogus', **kw)
   with pytest.raises(UserInputError, match='clipped_count_stddev` above 0.5'):
-    aggregators.build_dp_aggregator(   # sigma_b = z / 2.
+    mechanisms.build_aggregator(   # sigma_b = z / 2.
         'adaptive', adaptive=aggregators.AdaptiveClipping(clipped_count_stddev=0.5), **kw)
   # The default sigma_b is m / 20 = 0.5 raised to z = 1 (issue 25): z_v = z * 2 / sqrt(3).
-  assert aggregators.build_dp_aggregator('adaptive', **kw).update_noise_multiplier == (
+  assert mechanisms.build_aggregator('adaptive', **kw).update_noise_multiplier == (
       pytest.approx(2 / 3 ** 0.5))
   with pytest.raises(UserInputError, match='does not take groups'):
-    aggregators.build_dp_aggregator('fixed', groups=[[0]], **kw)
+    mechanisms.build_aggregator('fixed', groups=[[0]], **kw)
   with pytest.raises(UserInputError, match='update rule'):
-    aggregators.build_dp_aggregator('adaptive', adaptive=aggregators.AdaptiveClipping(
+    mechanisms.build_aggregator('adaptive', adaptive=aggregators.AdaptiveClipping(
         update_rule='cubic', clipped_count_stddev=5.0), **kw)
   with pytest.raises(UserInputError, match='noise_allocation'):
-    aggregators.build_dp_aggregator('per_layer_adaptive', noise_allocation='x', **kw)
+    mechanisms.build_aggregator('per_layer_adaptive', noise_allocation='x', **kw)
   with pytest.raises(UserInputError, match='target_unclipped_quantile'):
-    aggregators.build_dp_aggregator(
+    mechanisms.build_aggregator(
         'joint', adaptive=aggregators.AdaptiveClipping(target_unclipped_quantile=1.5), **kw)
   with pytest.raises(UserInputError, match='clipped_count_stddev` above'):
-    aggregators.build_dp_aggregator(
+    mechanisms.build_aggregator(
         'per_layer_adaptive', groups=[[0], [1]],
         adaptive=aggregators.AdaptiveClipping(clipped_count_stddev=0.6), **kw)
 
@@ -485,7 +486,7 @@ def _dataset(seed):
 
 @pytest.mark.parametrize('kind', ['fixed', 'adaptive', 'per_layer_adaptive', 'joint'])
 def test_drop_in_build_unweighted_fed_avg(kind):
-  aggregator = aggregators.build_dp_aggregator(
+  aggregator = mechanisms.build_aggregator(
       kind, noise_multiplier=0.5, clients_per_round=20.0, clip=0.1)
   process = tff.learning.algorithms.build_unweighted_fed_avg(
       _model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.1),

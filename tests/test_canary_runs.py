@@ -21,9 +21,9 @@ import tensorflow_federated as tff
 
 import tasks
 from tasks import synthetic_data
-from tff_dp import aggregators
 from tff_dp import canaries
 from tff_dp import ledger as ledger_lib
+from tff_dp import mechanisms
 from tff_dp.canaries import insertion
 from tff_dp.training import adadps_setup
 from tff_dp.training import config as config_lib
@@ -42,8 +42,8 @@ def _scales(shapes):
 
 def _factory(kind, shapes):
   inner = 'fixed' if kind == 'adadps_server' else kind
-  extra = {'rounds_per_epoch': 5} if inner in aggregators.TREE_KINDS else {}
-  factory = aggregators.build_dp_aggregator(
+  extra = {'rounds_per_epoch': 5} if mechanisms.get(inner).noise == 'tree' else {}
+  factory = mechanisms.build_aggregator(
       inner, noise_multiplier=0.0, clients_per_round=CLIENTS_PER_ROUND, clip=CLIP, **extra)
   if kind == 'adadps_server':
     factory = adadps_setup.server_aggregator(_scales(shapes), factory)

@@ -31,6 +31,7 @@ from scipy import signal
 from scipy import stats
 
 from tff_dp import ledger as ledger_lib
+from tff_dp import mechanisms
 from tff_dp import sampling
 from tff_dp.accounting import accountant
 from tff_dp.accounting import claims
@@ -110,8 +111,8 @@ def _conditional_delta(make_sampler, ids, relation, rounds, release, sigma, eps,
 
 def _correlated_records(mechanism, sampler, rounds, min_separation, participations, z,
                         amplified=False, bands=None):
-  found = correlated.strategy(mechanism, rounds, min_separation, participations, bands=bands,
-                              amplified=amplified)
+  found = mechanisms.get(mechanism).strategy(rounds, min_separation, participations,
+                                             bands=bands, amplified=amplified)
   noise = correlated.recorded(found, rounds, min_separation, participations)
   sigma = z * CLIP * math.sqrt(found.sensitivity_squared)
   query = (ledger_lib.GaussianSumQuery('update', CLIP, sigma),)
@@ -277,7 +278,7 @@ def test_every_row_has_its_attack_and_unproven_pairs_are_refused():
     with pytest.raises(Exception, match='use `'):
       claims.claim(noise, sampler)
   with pytest.raises(Exception, match='bandmf only'):
-    claims.claim_for_kind('blt', 'cyclic_poisson')
+    mechanisms.claim('blt', 'cyclic_poisson')
 
 
 def test_docs_privacy_table_matches_the_claim_table():
@@ -298,7 +299,7 @@ def test_docs_privacy_table_matches_the_claim_table():
 def _cyclic_records(seeded: bool, rounds=12, groups=4, q=0.5, sigma=2.0):
   ids = [f'c{i}' for i in range(80)]
   sampler = sampling.CyclicPoissonSampler(ids, groups, q, seed=1 if seeded else None)
-  noise = correlated.recorded(correlated.strategy('bandmf', rounds, groups, 1, bands=groups,
+  noise = correlated.recorded(mechanisms.get('bandmf').strategy(rounds, groups, 1, bands=groups,
                                                   amplified=True), rounds, groups, 1)
   query = (ledger_lib.GaussianSumQuery('update', CLIP, sigma),)
   return [ledger_lib.RoundRecord(r, sampler.sampling_event(r), query, None, noise)
@@ -324,7 +325,7 @@ def test_a_seeded_cyclic_poisson_run_headlines_the_epsilon_against_the_seed_hold
                            seeded=True, private_release=False)
   epsilons = {'rdp': amplified[0], 'pld': amplified[1]}
   head = guarantee.headline(records, epsilons, DELTA, ('rdp', 'pld'),
-                            claims.claim_for_kind('bandmf', 'cyclic_poisson'), seeded=True)
+                            mechanisms.claim('bandmf', 'cyclic_poisson'), seeded=True)
   assert head.epsilon == against and head.if_seed_secret == epsilons
   s = privacy_statement.statement(
       dp='bandmf', rounds_completed=12, epsilons=epsilons,
@@ -338,7 +339,7 @@ def test_a_seeded_cyclic_poisson_run_headlines_the_epsilon_against_the_seed_hold
   # Without amplification in its claim, a seed changes nothing (min separation: zero-out).
   ms = sampling.build_sampler('min_separation', IDS, 10, seed=3)
   head = guarantee.headline([], {'rdp': 4.0}, DELTA, ('rdp',),
-                            claims.claim_for_kind('blt', 'min_separation'), seeded=True)
+                            mechanisms.claim('blt', 'min_separation'), seeded=True)
   assert head == guarantee.Headline({'rdp': 4.0}, claims.ZERO_OUT)
   s = privacy_statement.statement(
       dp='blt', rounds_completed=12, epsilons={'rdp': 4.0}, delta=DELTA,

@@ -196,15 +196,13 @@ def _pairs_without_a_proof():
   generated from the declarations (`choices`), the table read only through its public lookup."""
   # pylint: disable=g-import-not-at-top
   from tff_dp import choices
-  from tff_dp.accounting import claims
+  from tff_dp import mechanisms
   from tff_dp.errors import UserInputError
   pairs = []
-  for kind in choices.DP_KINDS:
+  for kind in mechanisms.MECHANISMS:
     for sampler in choices.CLIENT_SAMPLERS:
-      if kind == 'none':
-        continue
       try:
-        claims.claim_for_kind(kind, sampler)
+        mechanisms.claim(kind, sampler)
       except UserInputError:
         pairs.append((kind, sampler))
   return pairs
@@ -215,7 +213,8 @@ _UNPROVEN = _pairs_without_a_proof()
 
 def test_incompatible_pairs_are_generated_and_many():
   from tff_dp import choices  # pylint: disable=g-import-not-at-top
-  kinds = len(choices.DP_KINDS) - 1
+  from tff_dp import mechanisms  # pylint: disable=g-import-not-at-top
+  kinds = len(mechanisms.MECHANISMS)
   assert kinds * len(choices.CLIENT_SAMPLERS) > len(_UNPROVEN) >= kinds   # Each kind has some.
   assert ('blt', 'poisson') in _UNPROVEN and ('adaptive', 'poisson') not in _UNPROVEN
 

@@ -14,6 +14,7 @@ import tensorflow_federated as tff
 
 from tff_dp import aggregators
 from tff_dp import ledger as ledger_lib
+from tff_dp import mechanisms
 from tff_dp import sampling
 from tff_dp.accounting import correlated
 from tff_dp.matrix_factorization import toeplitz
@@ -31,7 +32,7 @@ def _process(factory, shapes):
 @pytest.mark.parametrize('kind', ['blt', 'bandmf'])
 def test_with_noise_off_the_factories_are_tffs_fixed_clip_mean(kind):
   shapes, m = [(3,), (2,)], 4
-  ours = _process(aggregators.build_dp_aggregator(
+  ours = _process(mechanisms.build_aggregator(
       kind, noise_multiplier=0.0, clients_per_round=float(m), clip=0.7, **SCHEDULE), shapes)
   theirs = _process(tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
       noise_multiplier=0.0, clients_per_round=float(m), clip=0.7), shapes)
@@ -50,7 +51,7 @@ def test_the_noise_is_the_strategys_inverse_applied_to_fresh_draws(kind):
   """Zero updates, 20,000 coordinates: the rounds' noise has covariance stddev^2 C^-1 C^-T /
   m^2, and each round reports stddev = z x clip x sensitivity."""
   n, z, clip, m = SCHEDULE['rounds'], 0.8, 0.5, 2.0
-  factory = aggregators.build_dp_aggregator(kind, noise_multiplier=z, clients_per_round=m,
+  factory = mechanisms.build_aggregator(kind, noise_multiplier=z, clients_per_round=m,
                                             clip=clip, **SCHEDULE)
   coefs = correlated.coefs_of(factory.strategy)
   sens2 = toeplitz.sensitivity_squared_brute_force(toeplitz.materialize(coefs, n), 2, 3)

@@ -14,6 +14,7 @@ import pytest
 
 from tff_dp import distributed
 from tff_dp import ledger as ledger_lib
+from tff_dp import mechanisms
 from tff_dp import runtime
 from tff_dp.errors import UserInputError
 from run_helpers import main_in_process
@@ -211,7 +212,7 @@ def _linear_fed_avg_and_clients(clients=8, examples=3000, features=64):
   process = tff.learning.algorithms.build_unweighted_fed_avg(
       model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(0.01),
       server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0),
-      model_aggregator=aggregators.build_dp_aggregator(
+      model_aggregator=mechanisms.build_aggregator(
           'adaptive', noise_multiplier=0.0,
           clients_per_round=float(clients), clip=0.5,
           adaptive=aggregators.AdaptiveClipping(clipped_count_stddev=0.0)))

@@ -11,8 +11,8 @@ import tensorflow_federated as tff
 
 import tasks
 from tasks import synthetic_data
-from tff_dp import aggregators
 from tff_dp import ledger as ledger_lib
+from tff_dp import mechanisms
 from tff_dp import runtime
 from tff_dp.accounting import accountant as accountant_lib
 from tff_dp.training import config as config_lib
@@ -75,7 +75,7 @@ def test_clip_is_honoured_per_client(task_name, data_dir):
   process = tff.learning.algorithms.build_unweighted_fed_avg(
       task.model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0),
       server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0),
-      model_aggregator=aggregators.build_dp_aggregator(
+      model_aggregator=mechanisms.build_aggregator(
           'fixed', noise_multiplier=0.0, clients_per_round=1.0, clip=clip))
   unclipped = tff.learning.algorithms.build_unweighted_fed_avg(
       task.model_fn, client_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0),

@@ -17,6 +17,7 @@ from tasks import synthetic_data
 from tasks.base import FederatedTask
 from tff_dp import aggregators
 from tff_dp import ledger as ledger_lib
+from tff_dp import mechanisms
 from tff_dp import runtime
 from tff_dp.aggregators.non_finite import NonFiniteZeroingFactory
 from tff_dp.training import config as config_lib
@@ -31,7 +32,7 @@ from run_helpers import script_env
 
 def test_non_finite_update_is_zeroed_exactly_like_a_zero_update():
   value_type = tff.types.to_type([(np.float32, (3,)), (np.float32, (2,))])
-  factory = NonFiniteZeroingFactory(aggregators.build_dp_aggregator(
+  factory = NonFiniteZeroingFactory(mechanisms.build_aggregator(
       'adaptive', noise_multiplier=0.0, clients_per_round=3.0, clip=1.0,
       adaptive=aggregators.AdaptiveClipping(clipped_count_stddev=0.0)))
   process = factory.create(value_type)

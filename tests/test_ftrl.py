@@ -12,6 +12,7 @@ import tensorflow_federated as tff
 
 from tff_dp import aggregators
 from tff_dp import ledger
+from tff_dp import mechanisms
 from tff_dp import noise_budget
 from tff_dp import sampling
 from tff_dp.accounting import accountant as accountant_lib
@@ -231,7 +232,7 @@ def test_adaptive_clip_follows_quantile_and_is_adopted_at_restarts(rounds_per_ep
 def test_adaptive_noise_split_and_per_node_std():
   """z splits as TFF's: update tree z_v * clip, count tree sigma_b per node; Eq. (1) gives z."""
   z, m, sigma_b, clip, dim = 0.8, 10.0, 2.0, 0.5, 20000
-  factory = aggregators.build_dp_aggregator(
+  factory = mechanisms.build_aggregator(
       'ftrl_adaptive', noise_multiplier=z, clients_per_round=m, clip=clip,
       adaptive=aggregators.AdaptiveClipping(clipped_count_stddev=sigma_b))
   process = _process(factory, [(dim,)])
@@ -247,7 +248,7 @@ def test_adaptive_noise_split_and_per_node_std():
 
 @pytest.mark.parametrize('kind', ['ftrl', 'ftrl_adaptive'])
 def test_drop_in_build_unweighted_fed_avg(kind):
-  aggregator = aggregators.build_dp_aggregator(
+  aggregator = mechanisms.build_aggregator(
       kind, noise_multiplier=0.5, clients_per_round=20.0, clip=0.1)
   process = _fed_avg(aggregator)
   state = process.initialize()
@@ -261,15 +262,15 @@ def test_drop_in_build_unweighted_fed_avg(kind):
 def test_tree_factories_reject_bad_settings():
   kw = dict(noise_multiplier=1.0, clients_per_round=10.0, clip=1.0)
   with pytest.raises(UserInputError, match='restart_warmup'):
-    aggregators.build_dp_aggregator(
+    mechanisms.build_aggregator(
         'ftrl_adaptive', restart_warmup=8, restart_frequency=8,
         adaptive=aggregators.AdaptiveClipping(clipped_count_stddev=5.0), **kw)
   with pytest.raises(UserInputError, match='does not take groups'):
-    aggregators.build_dp_aggregator('ftrl', groups=[[0]], **kw)
+    mechanisms.build_aggregator('ftrl', groups=[[0]], **kw)
   with pytest.raises(UserInputError, match='rounds_per_epoch'):
-    aggregators.build_dp_aggregator('ftrl', rounds_per_epoch=0, **kw)
+    mechanisms.build_aggregator('ftrl', rounds_per_epoch=0, **kw)
   with pytest.raises(UserInputError, match='geometrically'):
-    aggregators.build_dp_aggregator('ftrl_adaptive', adaptive=aggregators.AdaptiveClipping(
+    mechanisms.build_aggregator('ftrl_adaptive', adaptive=aggregators.AdaptiveClipping(
         update_rule='linear', clipped_count_stddev=5.0), **kw)
 
 

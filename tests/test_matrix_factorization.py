@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from scipy import special
 
+from tff_dp import mechanisms
 from tff_dp.accounting import correlated
 from tff_dp.matrix_factorization import banded
 from tff_dp.matrix_factorization import blt
@@ -154,7 +155,7 @@ def test_calibration_meets_the_target_and_the_production_anchor():
 
 def test_the_noise_in_the_final_prefix_sum_matches_its_theory():
   n, b, k, z, clip = 16, 4, 3, 0.9, 0.5
-  found = correlated.strategy('blt', n, b, k, max_buffers=2)
+  found = mechanisms.get('blt').strategy(n, b, k, max_buffers=2)
   scale = z * clip * found.sensitivity_squared ** 0.5
   stream = blt.NoiseStream(blt.BLT(found.params['buf_decay'], found.params['output_scale']),
                            (50000,), np.random.default_rng(0))

@@ -227,9 +227,13 @@ def test_a_run_leaves_the_callers_random_states_and_matplotlib_as_it_found_them(
   import sys  # pylint: disable=g-import-not-at-top
   import matplotlib  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   random.seed(1234)
   np.random.seed(4321)
   python_state, numpy_state = random.getstate(), np.random.get_state()
+  tf.random.set_seed(77)   # The caller's TensorFlow seed: its next draw, computed first.
+  tf_draw = tf.random.uniform([3]).numpy()
+  tf.random.set_seed(77)
   backend, had_pyplot = matplotlib.get_backend(), 'matplotlib.pyplot' in sys.modules
   settings = dict(DEMO, root_output_dir=str(tmp_path), total_rounds=1, uncertainty_last_k=0)
   assert run_stopped_after(settings, tag_task, 'states').rounds_completed == 1
@@ -238,5 +242,6 @@ def test_a_run_leaves_the_callers_random_states_and_matplotlib_as_it_found_them(
   after = np.random.get_state()
   assert after[0] == numpy_state[0] and np.array_equal(after[1], numpy_state[1])
   assert after[2:] == numpy_state[2:]
+  np.testing.assert_array_equal(tf.random.uniform([3]).numpy(), tf_draw)
   assert matplotlib.get_backend() == backend
   assert ('matplotlib.pyplot' in sys.modules) == had_pyplot

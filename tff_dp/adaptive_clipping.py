@@ -14,8 +14,9 @@ UPDATE_RULES = tuple(choices.CLIP_UPDATE_RULES)
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AdaptiveClipping:
   """How an adaptive clip follows the update norms: the one type of these settings, shared by
-  the run's config (`DPConfig.adaptive_clipping`), the registry (`build_dp_aggregator`) and
-  the adaptive factories (flat, per-layer, joint, DP-FTRL). Checked when built.
+  the run's config (`DPConfig.adaptive_clipping`), the mechanisms
+  (`tff_dp.mechanisms.build_aggregator`) and the adaptive factories (flat, per-layer, joint,
+  DP-FTRL). Checked when built.
 
   target_unclipped_quantile: gamma, the fraction of clients whose update the clip should leave
     unclipped.

@@ -1,54 +1,17 @@
 """The lists of allowed values, one home each: name -> what it means.
 
-Flags (`--dp` takes exactly `DP_KINDS`), config validation (`tff_dp.training.config`) and the
-tables that implement each choice (e.g. `tff_dp.aggregators.build_dp_aggregator`) all derive
-from these dicts. An implementation table checks at import, with `check_implemented`, that it
-covers exactly its list, so a new choice is one entry here plus its implementation; a name
-listed here and not implemented (or the reverse) fails at import, not in the middle of a run.
+Flags (`--client_sampling` takes exactly `CLIENT_SAMPLERS`), config validation
+(`tff_dp.training.config`) and the tables that implement each choice all derive from these
+dicts (the `dp` setting's choices are the registered mechanisms, `tff_dp.mechanisms`). An
+implementation table checks at import, with `check_implemented`, that it covers exactly its
+list, so a new choice is one entry here plus its implementation; a name listed here and not
+implemented (or the reverse) fails at import, not in the middle of a run.
 
 Pure Python: the configuration and the command line's flag parsing import it without
 TensorFlow.
 """
 
 from typing import Collection, Mapping
-
-# `dp`: how client updates are aggregated. Every kind but 'none' clips and adds Gaussian noise.
-DP_KINDS = {
-    'none': 'plain FedAvg, no DP',
-    'fixed': 'fixed clip norm',
-    'adaptive': 'flat clip adapted to a target quantile of update norms',
-    'per_layer_adaptive': 'one adaptive clip per layer',
-    'joint': 'joint clipping with adaptive per-vector scales',
-    'ftrl': 'DP-FTRL: tree-aggregation noise, fixed clip (needs `client_sampling=shuffled`)',
-    'ftrl_adaptive': 'DP-FTRL with a quantile-adapted clip, adopted at tree restarts (needs '
-                     '`client_sampling=shuffled`)',
-    'blt': 'DP-FTRL with buffered linear Toeplitz noise, fixed clip (needs '
-           '`client_sampling=min_separation`)',
-    'bandmf': 'DP-FTRL with banded matrix-factorization noise, fixed clip (needs '
-              '`client_sampling=min_separation`, or `cyclic_poisson` for amplification)',
-}
-# The DP kinds that adapt a clip with noised clipped-count queries (whose noise is part of the
-# round's budget, `tff_dp.noise_budget.update_noise_multiplier`).
-ADAPTIVE_DP_KINDS = ('adaptive', 'per_layer_adaptive', 'joint', 'ftrl_adaptive')
-# The DP kinds whose noise is tree aggregation (DP-FTRL): accounted per epoch of shuffled
-# participation under replace-special neighbouring (tff_dp.accounting).
-TREE_DP_KINDS = ('ftrl', 'ftrl_adaptive')
-# The DP kinds whose noise is correlated across rounds by a Toeplitz strategy
-# (`tff_dp.matrix_factorization`): the whole run is one Gaussian mechanism under min-separation
-# participation (tff_dp.accounting.correlated); the calibration names them the same.
-CORRELATED_DP_KINDS = ('blt', 'bandmf')
-CORRELATED_NOISE_MECHANISMS = {k: DP_KINDS[k] for k in CORRELATED_DP_KINDS}
-# The correlated-noise kinds cyclic Poisson sampling amplifies (Choquette-Choo et al. 2023,
-# Theorem 4: a banded strategy whose bands never span two participations of a client).
-AMPLIFIED_DP_KINDS = ('bandmf',)
-
-
-def noise_of(dp_kind: str) -> str:
-  """'tree', 'correlated' or 'independent' (Gaussian noise drawn afresh every round)."""
-  if dp_kind in TREE_DP_KINDS:
-    return 'tree'
-  return 'correlated' if dp_kind in CORRELATED_DP_KINDS else 'independent'
-
 
 # `eval_data`: what central evaluation runs on, and so whether its metrics are covered by the
 # DP guarantee (`tff_dp.run_format.release`).

@@ -196,9 +196,10 @@ class GaussianSumQuery:
 @dataclasses.dataclass(frozen=True)
 class CorrelatedNoise:
   """The strategy a correlated-noise round's noise came from (`dp=blt|bandmf`), as planned for
-  the whole run, and the participation schedule it is accounted under: `mechanism` 'blt'
-  (coefficients 1, sum_i output_scale_i buf_decay_i^(k-1), ...) or 'bandmf' (the
-  column-normalized banded square root with `bands` coefficients), built for `rounds` rounds,
+  the whole run, and the participation schedule it is accounted under: the mechanism that built
+  it, and the strategy's parameters, which alone define its coefficients: a BLT's `buf_decay`
+  and `output_scale` (coefficients 1, sum_i output_scale_i buf_decay_i^(k-1), ...) or a banded
+  one's `bands` (the column-normalized banded square root), built for `rounds` rounds,
   each client at most `max_participations` times, at least `min_separation` rounds apart.
   The queries' `noise_stddev` is then the stddev of each round's fresh Gaussian draw."""
   mechanism: str
@@ -210,9 +211,9 @@ class CorrelatedNoise:
   bands: Optional[int] = None
 
   def __post_init__(self):
-    if self.mechanism not in choices.CORRELATED_DP_KINDS:
-      raise LedgerError(f'CorrelatedNoise.mechanism must be one of '
-                        f'{choices.CORRELATED_DP_KINDS}, got {self.mechanism!r}.')
+    if not isinstance(self.mechanism, str) or not self.mechanism:
+      raise LedgerError(f'CorrelatedNoise.mechanism must name the mechanism, got '
+                        f'{self.mechanism!r}.')
     for name in ('rounds', 'min_separation', 'max_participations'):
       object.__setattr__(self, name, _as_int(getattr(self, name), f'CorrelatedNoise.{name}', 1))
     object.__setattr__(self, 'buf_decay', tuple(
@@ -221,8 +222,9 @@ class CorrelatedNoise:
         _as_float(v, 'CorrelatedNoise.output_scale') for v in self.output_scale))
     if len(self.buf_decay) != len(self.output_scale):
       raise LedgerError('CorrelatedNoise.buf_decay and output_scale differ in length.')
-    if (self.mechanism == 'bandmf') != (self.bands is not None):
-      raise LedgerError('CorrelatedNoise.bands is set for bandmf, and only for it.')
+    if (self.bands is not None) == bool(self.buf_decay):
+      raise LedgerError('CorrelatedNoise records one strategy: a banded one\'s `bands` or a '
+                        'BLT\'s `buf_decay` and `output_scale`, not both or neither.')
     if self.bands is not None:
       object.__setattr__(self, 'bands', _as_int(self.bands, 'CorrelatedNoise.bands', 1))
 

@@ -29,15 +29,11 @@ from tff_dp import aggregators
 from tff_dp import choices
 from tff_dp import errors
 from tff_dp import ledger as ledger_lib
+from tff_dp import mechanisms
 from tff_dp import sampling
 from tff_dp.accounting import accountant as accountant_lib
 from tff_dp.accounting import claims
 from tff_dp.accounting import guarantee
-
-
-def default_sampler(noise: str) -> str:
-  """The sampler `noise` runs with by default: the first the claim table proves it for."""
-  return next(c.sampler for c in claims.CLAIMS if c.noise == noise)
 
 
 @dataclasses.dataclass
@@ -63,20 +59,21 @@ class PrivateAggregation:
             sampling_kind: Optional[str] = None, sampling_seed: Optional[int] = None,
             bands: Optional[int] = None, ledger_path: Optional[str] = None,
             ledger_key: Optional[bytes] = None, **aggregator_options) -> 'PrivateAggregation':
-    """The mechanism `kind` (a `choices.DP_KINDS` name but 'none') over `client_ids`.
+    """The mechanism `kind` (a `tff_dp.mechanisms.MECHANISMS` name) over `client_ids`.
 
     rounds: the rounds the run will have (correlated noise plans its strategy for them).
     sampling_kind: a `choices.CLIENT_SAMPLERS` name (default: the proven one for `kind`).
     bands: BandMF's bands (cyclic Poisson: also its groups).
     ledger_path / ledger_key: append every record to a ledger there (with MACs under the key).
-    aggregator_options: further arguments of `aggregators.build_dp_aggregator`.
+    aggregator_options: further arguments of `mechanisms.build_aggregator`.
     """
-    if kind == 'none' or kind not in choices.DP_KINDS:
-      kinds = choices.one_of([k for k in choices.DP_KINDS if k != 'none'])
-      raise errors.UserInputError(f'`kind` must be one of {kinds}, got {kind!r}')
-    noise = choices.noise_of(kind)
-    sampling_kind = sampling_kind or default_sampler(noise)
-    claim = claims.claim_for_kind(kind, sampling_kind)
+    if kind not in mechanisms.MECHANISMS:
+      raise errors.UserInputError(f'`kind` must be one of '
+                                  f'{choices.one_of(mechanisms.MECHANISMS)}, got {kind!r}')
+    mechanism = mechanisms.get(kind)
+    noise = mechanism.noise
+    sampling_kind = sampling_kind or mechanism.default_sampler
+    claim = mechanisms.claim(kind, sampling_kind)
     groups = bands if sampling_kind == 'cyclic_poisson' else None
     sampler = sampling.build_sampler(sampling_kind, list(client_ids), clients_per_round,
                                      seed=sampling_seed, groups=groups)
@@ -92,7 +89,7 @@ class PrivateAggregation:
                      amplified=groups is not None)
       if bands is not None:
         options['bands'] = bands
-    aggregator = aggregators.build_dp_aggregator(
+    aggregator = mechanisms.build_aggregator(
         kind, noise_multiplier=noise_multiplier, clients_per_round=float(clients_per_round),
         clip=clip, **options)
     ledger = (ledger_lib.PrivacyLedger(ledger_path, mac_key=ledger_key)

@@ -40,6 +40,7 @@ from tff_dp import choices
 from tff_dp import cli_flags
 from tff_dp import errors
 from tff_dp import ledger
+from tff_dp import mechanisms
 from tff_dp.accounting import claims
 
 FLAGS = flags.FlagValues()
@@ -59,7 +60,7 @@ flags.DEFINE_enum('neighboring', None, ['add_remove', 'replace_one', 'replace_sp
                   'under (docs/PRIVACY.md, "Claims"); another is refused.',
                   flag_values=FLAGS)
 flags.DEFINE_enum('mechanism', 'gaussian',
-                  ['gaussian', 'tree'] + list(choices.CORRELATED_NOISE_MECHANISMS),
+                  ['gaussian', 'tree'] + mechanisms.with_noise('correlated'),
                   'Calibration mode: gaussian (DP-FedAvg: independent noise each round), '
                   'tree (DP-FTRL: tree-aggregation noise over epochs of shuffled '
                   'participation, N // m rounds each), or blt / bandmf (correlated-noise '
@@ -184,8 +185,8 @@ def _calibrate_amplified() -> None:
   method = 'rdp' if FLAGS.method == 'both' else FLAGS.method
   z = correlated.calibrate(FLAGS.target_epsilon, FLAGS.delta, method, probability=q,
                            compositions=cycles)
-  found = correlated.strategy(FLAGS.mechanism, FLAGS.rounds, FLAGS.bands, cycles,
-                             bands=FLAGS.bands, amplified=True)
+  found = mechanisms.get(FLAGS.mechanism).strategy(FLAGS.rounds, FLAGS.bands, cycles,
+                                                   bands=FLAGS.bands, amplified=True)
   print(f'noise_multiplier={z!r}')
   print('\n'.join(correlated.describe(found)))
   print(f'epsilon={correlated.amplified_epsilon(q, z, cycles, FLAGS.delta, method)!r} '
@@ -211,8 +212,8 @@ def _calibrate_correlated() -> None:
     correlated.delta_lib.check_delta(FLAGS.delta, FLAGS.population)
   method = 'rdp' if FLAGS.method == 'both' else FLAGS.method
   z = correlated.calibrate(FLAGS.target_epsilon, FLAGS.delta, method)
-  found = correlated.strategy(FLAGS.mechanism, FLAGS.rounds, FLAGS.min_separation,
-                             FLAGS.max_participations, bands=FLAGS.bands)
+  found = mechanisms.get(FLAGS.mechanism).strategy(
+      FLAGS.rounds, FLAGS.min_separation, FLAGS.max_participations, bands=FLAGS.bands)
   print(f'noise_multiplier={z!r}')
   print('\n'.join(correlated.describe(found)))
   print(f'epsilon={correlated.gaussian_epsilon(z, FLAGS.delta, method)!r} '
@@ -264,7 +265,7 @@ def _plan() -> None:
 
 def _calibrate() -> None:
   from tff_dp.accounting import calibration  # pylint: disable=g-import-not-at-top
-  if FLAGS.mechanism in choices.CORRELATED_NOISE_MECHANISMS:
+  if FLAGS.mechanism in mechanisms.with_noise('correlated'):
     _calibrate_correlated()
     return
   for name in ('rounds', 'clients_per_round', 'population'):

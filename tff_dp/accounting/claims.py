@@ -30,7 +30,6 @@ Pure Python: the configuration checks import it without TensorFlow.
 import dataclasses
 from typing import Optional, Sequence
 
-from tff_dp import choices
 from tff_dp import errors
 
 ZERO_OUT = 'replace_special'
@@ -47,7 +46,8 @@ SAMPLER_NAMES = {'poisson': 'Poisson', 'fixed_size': 'fixed-size', 'shuffled': '
 class Claim:
   """What a (noise, sampler) pair's epsilon is proven under.
 
-  noise: `choices.noise_of` of the DP kind ('independent', 'tree', 'correlated').
+  noise: the mechanism's kind of noise ('independent', 'tree', 'correlated';
+    `tff_dp.mechanisms.Mechanism.noise`).
   sampler: a `choices.CLIENT_SAMPLERS` name.
   relation: the neighbouring relation of the headline epsilon.
   proof: the theorem the headline rests on.
@@ -57,7 +57,9 @@ class Claim:
   per_round_relation: the relation of the per-round epsilon_* columns, when it differs from
     `relation` (fixed-size sampling's columns are the Poisson approximation under add/remove,
     labelled as one, never the headline).
-  dp_kinds: the DP kinds of `noise` the proof covers (empty: all of them).
+
+  Which mechanisms of `noise` a row covers is each mechanism's declaration (its `samplers`,
+  `tff_dp.mechanisms`): amplified BandMF's row covers banded strategies only.
   """
   noise: str
   sampler: str
@@ -66,7 +68,6 @@ class Claim:
   amplified: bool
   attack: str
   per_round_relation: Optional[str] = None
-  dp_kinds: tuple = ()
 
   @property
   def columns_relation(self) -> str:
@@ -97,8 +98,7 @@ CLAIMS = (
           'amplified BandMF: Choquette-Choo et al. 2023, "(Amplified) Banded Matrix '
           'Factorization", Theorem 4, with every client drawing its group independently (so '
           'adding a client moves no other; jax_privacy PartitionType.INDEPENDENT)',
-          amplified=True, attack='test_cyclic_poisson_add_remove',
-          dp_kinds=choices.AMPLIFIED_DP_KINDS),
+          amplified=True, attack='test_cyclic_poisson_add_remove'),
 )
 _BY_PAIR = {(c.noise, c.sampler): c for c in CLAIMS}
 
@@ -125,17 +125,6 @@ def claim(noise: str, sampler: str) -> Claim:
   found = _BY_PAIR.get((noise, sampler))
   if found is None:
     raise errors.UserInputError(_unproven(noise, sampler))
-  return found
-
-
-def claim_for_kind(dp_kind: str, sampler: str) -> Claim:
-  """The claim of DP kind `dp_kind` (a `choices.DP_KINDS` name but 'none') with `sampler`."""
-  found = claim(choices.noise_of(dp_kind), sampler)
-  if found.dp_kinds and dp_kind not in found.dp_kinds:
-    raise errors.UserInputError(
-        f'`client_sampling={sampler}` has a proof for {choices.one_of(found.dp_kinds)} only '
-        f'(`dp={dp_kind}` has no analysis of it); use `dp=bandmf`, or '
-        '`client_sampling=min_separation`')
   return found
 
 

@@ -28,7 +28,6 @@ from typing import Optional
 import dp_accounting
 import numpy as np
 
-from tff_dp import choices
 from tff_dp import errors
 from tff_dp import ledger
 from tff_dp.accounting import delta as delta_lib
@@ -37,14 +36,14 @@ from tff_dp.matrix_factorization import banded
 from tff_dp.matrix_factorization import blt
 from tff_dp.matrix_factorization import toeplitz
 
-MECHANISMS = choices.CORRELATED_DP_KINDS
 _RELATION = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 
 
 @dataclasses.dataclass(frozen=True)
 class Strategy:
-  """A correlated-noise strategy for n rounds: its name, its Toeplitz coefficients, its
-  parameters (BLT: buf_decay, output_scale; banded: bands), sens_n^2 and loss."""
+  """A correlated-noise strategy for n rounds: the mechanism that built it
+  (`tff_dp.mechanisms`), its Toeplitz coefficients, its parameters (BLT: buf_decay,
+  output_scale; banded: bands), sens_n^2 and loss."""
   mechanism: str
   coefs: tuple
   params: dict
@@ -52,51 +51,44 @@ class Strategy:
   loss: float
 
 
-def strategy(mechanism: str, rounds: int, min_separation: int, max_participations: int, *,
-             bands: Optional[int] = None, max_buffers: int = 4,
-             amplified: bool = False) -> Strategy:
-  """The strategy of `mechanism` for the schedule: the optimized BLT, or the banded square
-  root with `bands` (default: min_separation, so a client's participations never share a band)
-  coefficients. `amplified` (bandmf only, with `bands` <= min_separation: cyclic Poisson
-  sampling over min_separation groups): the sensitivity is one participation's, the largest
-  column norm (the module docstring)."""
-  _check_schedule(rounds, min_separation, max_participations)
-  if amplified:
-    check_amplified(mechanism, bands or min_separation, min_separation)
-  if mechanism == 'blt':
-    found, _ = blt.optimize(rounds, min_separation, max_participations, max_buffers=max_buffers)
-    coefs = found.coefs(rounds)
-    params = {'buf_decay': list(found.buf_decay), 'output_scale': list(found.output_scale)}
-  elif mechanism == 'bandmf':
-    bands = bands or min_separation
-    coefs = banded.banded_sqrt_coefs(min(bands, rounds))
-    params = {'bands': int(min(bands, rounds))}
-  else:
-    raise errors.UserInputError(f'`mechanism` must be one of {MECHANISMS}, got {mechanism!r}.')
+def strategy(mechanism: str, coefs, params: dict, rounds: int, min_separation: int,
+             max_participations: int, *, amplified: bool = False) -> Strategy:
+  """The strategy with Toeplitz `coefs` (and the `params` the ledger records of it) that
+  mechanism `mechanism` built for the schedule. `amplified` (a banded strategy under cyclic
+  Poisson sampling over min_separation groups): the sensitivity is one participation's, the
+  largest column norm (the module docstring)."""
+  check_schedule(rounds, min_separation, max_participations)
   participations = 1 if amplified else max_participations
   sens2 = toeplitz.sensitivity_squared(coefs, rounds, min_separation, participations)
-  return Strategy(mechanism, tuple(float(c) for c in coefs), params, sens2,
+  return Strategy(mechanism, tuple(float(c) for c in coefs), dict(params), sens2,
                   toeplitz.loss(coefs, rounds, min_separation, participations))
 
 
-def check_amplified(mechanism: str, bands: int, groups: int) -> None:
-  """UserInputError unless cyclic Poisson sampling over `groups` groups amplifies
-  `mechanism` with `bands` bands."""
-  if mechanism not in choices.AMPLIFIED_DP_KINDS:
-    raise errors.UserInputError(
-        f'`dp={mechanism}` cannot be amplified by cyclic Poisson sampling (its noise spans '
-        'all rounds, not bands); use `dp=bandmf`, or `client_sampling=min_separation`')
+def check_bands_within_groups(bands: int, groups: int) -> None:
+  """UserInputError unless a banded strategy with `bands` bands fits cyclic Poisson sampling
+  over `groups` groups (Theorem 4: no band spans two participations of a client)."""
   if bands > groups:
     raise errors.UserInputError(
         f'`bands={bands}` exceeds the {groups} groups of cyclic Poisson sampling: one band '
         'would span two participations of a client; use `bands` <= the groups')
 
 
+def check_amplified_record(noise: ledger.CorrelatedNoise, groups: int) -> None:
+  """UserInputError unless cyclic Poisson sampling over `groups` groups amplifies the recorded
+  strategy: a banded one (its noise spans bands, not all rounds) whose bands fit the groups."""
+  if noise.bands is None:
+    raise errors.UserInputError(
+        f'`dp={noise.mechanism}` cannot be amplified by cyclic Poisson sampling (its noise '
+        'spans all rounds, not bands); use `dp=bandmf`, or `client_sampling=min_separation`')
+  check_bands_within_groups(noise.bands, groups)
+
+
 def coefs_of(noise: ledger.CorrelatedNoise) -> np.ndarray:
-  """The Toeplitz coefficients of a recorded strategy, for its `rounds`."""
-  if noise.mechanism == 'blt':
-    return blt.BLT(noise.buf_decay, noise.output_scale).coefs(noise.rounds)
-  return banded.banded_sqrt_coefs(noise.bands)
+  """The Toeplitz coefficients of a recorded strategy, for its `rounds`: from its recorded
+  parameters (a banded square root's bands, or a BLT's buffers), whatever its name."""
+  if noise.bands is not None:
+    return banded.banded_sqrt_coefs(noise.bands)
+  return blt.BLT(noise.buf_decay, noise.output_scale).coefs(noise.rounds)
 
 
 def recorded(found: Strategy, rounds: int, min_separation: int,
@@ -109,7 +101,9 @@ def recorded(found: Strategy, rounds: int, min_separation: int,
       bands=found.params.get('bands'))
 
 
-def _check_schedule(rounds, min_separation, max_participations) -> None:
+def check_schedule(rounds, min_separation, max_participations) -> None:
+  """UserInputError unless each client's at most `max_participations` participations, at
+  least `min_separation` rounds apart, fit in `rounds` rounds."""
   for name, value in (('rounds', rounds), ('min_separation', min_separation),
                       ('max_participations', max_participations)):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

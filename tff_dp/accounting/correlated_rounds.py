@@ -93,7 +93,7 @@ class CorrelatedRounds(mechanism_account.MechanismAccount):
     """Cyclic Poisson must amplify this strategy (bandmf, bands <= groups), over the groups it
     was planned for (its min separation), with one q for the run."""
     s, noise = record.sampling, self._strategy
-    correlated.check_amplified(noise.mechanism, noise.bands or noise.min_separation, s.groups)
+    correlated.check_amplified_record(noise, s.groups)
     if s.groups != noise.min_separation or record.round_num > noise.rounds:
       raise errors.UserInputError(
           f'Round {record.round_num}: cyclic Poisson over {s.groups} groups; the strategy was '

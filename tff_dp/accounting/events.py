@@ -53,7 +53,8 @@ def check_relation(neighboring_relation: str) -> NeighboringRelation:
 
 def check_analysable(sampling_kind: str, noise: str) -> None:
   """UserInputError (one line saying what to use) for a sampling with no proof for this noise
-  (`choices.noise_of`): the claim table (`claims`) is the one list of proven pairs."""
+  (`tff_dp.mechanisms.Mechanism.noise`): the claim table (`claims`) is the one list of proven
+  pairs."""
   claims.claim(noise, sampling_kind)
 
 

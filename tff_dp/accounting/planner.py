@@ -29,8 +29,8 @@ from tff_dp.accounting import delta as delta_lib
 MECHANISMS = {
     'gaussian': 'DP-FedAvg: Gaussian noise each round, Poisson sampling',
     'tree': 'DP-FTRL: tree aggregation restarted every epoch of shuffling (per-node z)',
-    'correlated': f'{" / ".join(choices.CORRELATED_DP_KINDS)} under min separation: one '
-                  'Gaussian for the whole run (flat)',
+    'correlated': 'correlated noise (any strategy) under min separation: one Gaussian for the '
+                  'whole run (flat)',
     'amplified_bandmf': 'amplified BandMF: cyclic Poisson over `bands` groups',
 }
 

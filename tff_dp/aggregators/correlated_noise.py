@@ -120,18 +120,14 @@ class CorrelatedNoiseFactory(tff.aggregators.UnweightedAggregationFactory):
     tree_aggregation.noise_seed(noise_seed)   # Checked now, drawn per `create`.
 
   @classmethod
-  def for_schedule(cls, mechanism: str, *, rounds: int, min_separation: int,
+  def for_strategy(cls, found: correlated.Strategy, *, rounds: int, min_separation: int,
                    max_participations: int, clip: float, noise_multiplier: float,
-                   clients_per_round: float, bands: Optional[int] = None,
-                   noise_seed: Optional[int] = None,
-                   amplified: bool = False) -> 'CorrelatedNoiseFactory':
-    """The factory of `mechanism` ('blt': the optimized BLT; 'bandmf': the banded square
-    root with `bands`, default min_separation) for `rounds` rounds of a schedule where each
-    client participates at most `max_participations` times, at least `min_separation` apart.
-    `amplified` (bandmf, cyclic Poisson sampling over min_separation groups): the fresh draws
-    are scaled to one participation's sensitivity (`tff_dp.accounting.correlated`)."""
-    found = correlated.strategy(mechanism, rounds, min_separation, max_participations,
-                                bands=bands, amplified=amplified)
+                   clients_per_round: float,
+                   noise_seed: Optional[int] = None) -> 'CorrelatedNoiseFactory':
+    """The factory of strategy `found` (built by its mechanism, `tff_dp.mechanisms`, for
+    `rounds` rounds of a schedule where each client participates at most
+    `max_participations` times, at least `min_separation` apart): fresh draws scaled to its
+    sensitivity (`tff_dp.accounting.correlated`)."""
     return cls(strategy=correlated.recorded(found, rounds, min_separation, max_participations),
                coefs=found.coefs,
                sensitivity=found.sensitivity_squared ** 0.5, clip=clip,
@@ -141,14 +137,14 @@ class CorrelatedNoiseFactory(tff.aggregators.UnweightedAggregationFactory):
   @property
   def num_buffers(self) -> int:
     """Model-sized tensors the noise state holds (its memory: that many model copies)."""
-    if self.strategy.mechanism == 'blt':
+    if self.strategy.bands is None:   # A BLT: its buffers.
       return len(self.strategy.buf_decay)
     return len(self.coefs) - 1
 
   def create(self, value_type) -> tff.templates.AggregationProcess:
     specs, _ = groups_lib.value_specs_and_shapes(value_type)
     seed = tree_aggregation.noise_seed(self.noise_seed)
-    if self.strategy.mechanism == 'blt':
+    if self.strategy.bands is None:   # A BLT: streamed with its buffers.
       shape = dict(buf_decay=self.strategy.buf_decay, output_scale=self.strategy.output_scale)
     else:
       shape = dict(coefs=self.coefs)

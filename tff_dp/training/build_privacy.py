@@ -2,10 +2,9 @@
 aggregation factory, the delta, the accountant, and (once the run directory exists) the ledger
 and the recorder the loop drives.
 
-A new DP mechanism adds its factory to `tff_dp.aggregators`' registry and, where its analysis
-differs, its accountant; nothing here branches on more than what the registry says of a kind
-(`aggregators.TREE_KINDS`: tree aggregation restarts per epoch and is accounted under
-replace-special).
+Nothing here branches on a mechanism's name: what differs between mechanisms is what each
+declares (`tff_dp.mechanisms`: its kind of noise, its settings; tree aggregation restarts per
+epoch, correlated noise plans its strategy for the run's schedule).
 """
 
 import dataclasses
@@ -13,11 +12,10 @@ import math
 from typing import Any, Optional
 
 from tff_dp import accounting
-from tff_dp import aggregators
 from tff_dp import choices
 from tff_dp import ledger as ledger_lib
+from tff_dp import mechanisms
 from tff_dp import sampling
-from tff_dp.accounting import claims
 from tff_dp.aggregators import privacy_queries as privacy_queries_lib
 from tff_dp.errors import UserInputError
 from tff_dp.training import config as config_lib
@@ -74,16 +72,19 @@ def build_aggregator(dp: config_lib.DPConfig, clients_per_round: int,
   if noise_scale != 1.0 and adaptive.clipped_count_stddev is not None:
     adaptive = dataclasses.replace(
         adaptive, clipped_count_stddev=adaptive.clipped_count_stddev * noise_scale)
+  mechanism = mechanisms.get(dp.kind)
   tree_options = {}
-  if dp.kind in aggregators.TREE_KINDS:
+  if mechanism.noise == 'tree':
     tree_options['rounds_per_epoch'] = rounds_per_epoch
-  if dp.kind in choices.CORRELATED_DP_KINDS:
+  if mechanism.noise == 'correlated':
     tree_options.update(correlated_schedule(dp, rounds_per_epoch, total_rounds),
                         amplified=amplified)
-  if dp.kind == 'ftrl_adaptive':
-    tree_options.update(restart_warmup=dp.restart_warmup,
-                        restart_frequency=dp.restart_frequency)
-  return aggregators.build_dp_aggregator(
+  # The mechanism's own settings that have a value (`restart_warmup`, ...); the correlated
+  # schedule's were planned above.
+  tree_options.update({name: getattr(dp, name) for name in mechanism.settings
+                       if name not in tree_options and getattr(dp, name) is not None
+                       and name in (mechanism.extra_arguments or ())})
+  return mechanisms.build_aggregator(
       dp.kind, noise_multiplier=float(dp.noise_multiplier) * noise_scale,
       clients_per_round=float(clients_per_round), clip=float(dp.clip),
       adaptive=adaptive, noise_allocation=dp.noise_allocation, **tree_options)
@@ -197,13 +198,13 @@ def build(sampling_cfg: config_lib.SamplingConfig, dp: config_lib.DPConfig,
         sampling_cfg.client_sampling in choices.PERMUTATION_SAMPLERS)
   cyclic = sampling_cfg.client_sampling == 'cyclic_poisson'
   sampler = _sampler(sampling_cfg, population, key_path, resume, dp.bands if cyclic else None)
-  tree = dp.kind in aggregators.TREE_KINDS
+  tree = dp.kind != 'none' and mechanisms.get(dp.kind).noise == 'tree'
   delta = accounting.check_delta(
       accounting_cfg.delta if accounting_cfg.delta is not None
       else accounting.suggested_delta(len(population)), len(population))
   relation = None
   if dp.kind != 'none':
-    relation = claims.claim_for_kind(dp.kind, sampling_cfg.client_sampling).columns_relation
+    relation = mechanisms.claim(dp.kind, sampling_cfg.client_sampling).columns_relation
   accountant = _accountant(accounting_cfg, delta, relation) if relation else None
   dp_factory = build_aggregator(dp, sampling_cfg.clients_per_round,
                                 sampler.rounds_per_epoch, total_rounds,
@@ -246,8 +247,8 @@ def check_noise_memory(dp_factory, trainable_shapes, available: Optional[int]) -
   need = copies * 4 * sum(math.prod(s) for s in trainable_shapes)
   if need > available / 2:
     kind = dp_factory.strategy.mechanism
-    instead = ('`dp=blt` (a few buffers) or fewer `bands`' if kind == 'bandmf' else
-               'a smaller model')
+    instead = ('`dp=blt` (a few buffers) or fewer `bands`' if dp_factory.strategy.bands
+               else 'a smaller model')
     raise UserInputError(
         f'`dp={kind}` keeps {copies} model copies of noise state ({need / 2**30:.2f} GiB, '
         f'twice: coordinator and worker) with {available / 2**30:.2f} GiB available; use '

@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping, Optional
 import tasks
 from tff_dp import adaptive_clipping
 from tff_dp import choices
+from tff_dp import mechanisms
 from tff_dp import noise_budget
 from tff_dp import worker_addresses
 from tff_dp.accounting import accountant
@@ -222,7 +223,7 @@ class TrainingConfig(Section):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DPConfig(Section):
   """Differential privacy: how client updates are clipped and noised."""
-  kind: str = setting('adaptive', 'DP aggregation.', flag='dp', one_of=choices.DP_KINDS)
+  kind: str = setting('adaptive', 'DP aggregation.', flag='dp', one_of=mechanisms.DP_KINDS)
   clip: Optional[float] = setting(
       None, 'L2 clip norm of each client update (the initial clip when adaptive).',
       check=_POSITIVE)
@@ -283,10 +284,10 @@ class DPConfig(Section):
         clipped_count_stddev=self.clipped_count_stddev)
 
   def _check(self):
-    if self.kind == 'none':
+    if self.kind == mechanisms.NO_DP:
       if self.noise_multiplier not in (None, 0.0):
         raise UserInputError('`noise_multiplier` needs DP: set '
-                             f'`dp={"|".join(k for k in choices.DP_KINDS if k != "none")}`')
+                             f'`dp={"|".join(mechanisms.MECHANISMS)}`')
       return
     if self.clip is None:
       raise UserInputError(
@@ -294,18 +295,23 @@ class DPConfig(Section):
           'noise without a clip norm has no sensitivity to calibrate to')
     if self.noise_multiplier is None:
       raise UserInputError(f'`dp={self.kind}` needs `noise_multiplier` >= 0')
-    # TFF's tree_adaptive schedule (tfp requires it; the factory checks it again, here it is
-    # reported before TensorFlow loads).
-    if self.kind == 'ftrl_adaptive' and self.restart_warmup >= self.restart_frequency:
-      raise UserInputError(f'`restart_warmup` ({self.restart_warmup}) must be smaller than '
-                           f'`restart_frequency` ({self.restart_frequency})')
-    correlated = self.kind in choices.CORRELATED_DP_KINDS
-    for name in ('min_separation', 'max_participations', 'bands'):
-      if getattr(self, name) is not None and not correlated:
-        raise UserInputError(f'`{name}` is a setting of `dp=blt|bandmf`, not of '
+    mechanism = mechanisms.get(self.kind)
+    # A mechanism's own settings that are unset unless given: refused with another mechanism.
+    for name in _own_optional_settings():
+      if getattr(self, name) is not None and name not in mechanism.settings:
+        having = [n for n, m in mechanisms.MECHANISMS.items() if name in m.settings]
+        raise UserInputError(f'`{name}` is a setting of `dp={"|".join(having)}`, not of '
                              f'`dp={self.kind}`')
-    if self.bands is not None and self.kind != 'bandmf':
-      raise UserInputError('`bands` is a setting of `dp=bandmf`')
+    if mechanism.check is not None:
+      mechanism.check(self)
+
+
+def _own_optional_settings() -> list[str]:
+  """The mechanisms' own settings that stay unset unless given (`min_separation`, `bands`,
+  ...): given with another mechanism, they would be ignored."""
+  unset = {f.name for f in dataclasses.fields(DPConfig) if f.default is None}
+  return list(dict.fromkeys(name for m in mechanisms.MECHANISMS.values()
+                            for name in m.settings if name in unset))
 
 
 def _distinct_accountants(methods) -> bool:
@@ -587,7 +593,8 @@ class ExperimentConfig:
       raise UserInputError(
           f'`dp={dp}` requires uniform client weighting (`weighting=uniform`): a client '
           'weighted by its example count could exceed the clip-based sensitivity')
-    if dp in choices.ADAPTIVE_DP_KINDS and self.dp.noise_multiplier:
+    mechanism = mechanisms.get(dp) if dp != mechanisms.NO_DP else None
+    if mechanism is not None and mechanism.adapts_clip and self.dp.noise_multiplier:
       noise_budget.update_noise_multiplier(
           self.dp.noise_multiplier, noise_budget.resolve_clipped_count_stddev(
               self.dp.clipped_count_stddev,
@@ -596,14 +603,16 @@ class ExperimentConfig:
     self._check_noise_cohort()
     if self.accounting.max_epsilon is not None and dp == 'none':
       raise UserInputError('`max_epsilon` needs DP (`dp` != none)')
-    if dp != 'none':
-      accountant.check_analysable(self.sampling.client_sampling, choices.noise_of(dp))
+    if mechanism is not None:
+      accountant.check_analysable(self.sampling.client_sampling, mechanism.noise)
     if self.sampling.client_sampling == 'cyclic_poisson':
-      if dp not in choices.AMPLIFIED_DP_KINDS:
+      if mechanism is None or not mechanism.amplified_by_cyclic_poisson:
+        amplified = [n for n, m in mechanisms.MECHANISMS.items()
+                     if m.amplified_by_cyclic_poisson]
         raise UserInputError(
-            '`client_sampling=cyclic_poisson` amplifies '
-            f'{choices.one_of(choices.AMPLIFIED_DP_KINDS)} only (`dp={dp}` has no analysis of '
-            'it); use `dp=bandmf`, or `client_sampling=min_separation`')
+            f'`client_sampling=cyclic_poisson` amplifies {choices.one_of(amplified)} only '
+            f'(`dp={dp}` has no analysis of it); use `dp={amplified[0]}`, or '
+            '`client_sampling=min_separation`')
       if self.dp.bands is None:
         raise UserInputError('`client_sampling=cyclic_poisson` needs `bands`: the clients are '
                              'partitioned into that many groups')
@@ -619,7 +628,7 @@ class ExperimentConfig:
       if self.runtime.datasets_on_workers:
         raise UserInputError('`num_canaries` does not work with `datasets_on_workers` (a '
                              'canary has no client id the workers could build data for)')
-    if (choices.noise_of(dp) != 'independent'
+    if (mechanism is not None and mechanism.noise != 'independent'
         and self.output.rounds_per_checkpoint not in (None, 1)):
       raise UserInputError(
           f'`dp={dp}` needs `rounds_per_checkpoint=1`: a resume must not re-execute a round '
@@ -681,7 +690,9 @@ class ExperimentConfig:
     """`rounds_per_checkpoint`, or its default for the mechanism when unset."""
     if self.output.rounds_per_checkpoint is not None:
       return self.output.rounds_per_checkpoint
-    return 1 if choices.noise_of(self.dp.kind) != 'independent' else 10
+    if self.dp.kind == mechanisms.NO_DP or mechanisms.get(self.dp.kind).noise == 'independent':
+      return 10
+    return 1
 
   def with_run_name(self, task_name: Optional[str] = None) -> 'ExperimentConfig':
     """The config with `experiment_name` set: TASK-DP-TIMESTAMP when it is unset (TASK:

@@ -11,7 +11,7 @@ Imports no TensorFlow: `parse` reports a bad command line before TF is loaded.
 import dataclasses
 import os
 import typing
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from absl import flags
 
@@ -39,7 +39,7 @@ def _parse_key_values(items: Sequence[str]) -> dict[str, float]:
 def _flag_help(field) -> str:
   text = field.metadata['help']
   allowed = field.metadata.get('one_of')
-  if isinstance(allowed, dict):
+  if isinstance(allowed, Mapping):
     text += f' One of: {choices.describe(allowed)}.'
   return text
 

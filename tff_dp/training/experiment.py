@@ -6,6 +6,7 @@ Validation happens before the run directory is touched.
 """
 
 import contextlib
+import copy
 import dataclasses
 import json
 import os
@@ -15,6 +16,7 @@ from typing import Any, Optional
 import numpy as np
 
 import tensorflow as tf
+from tensorflow.python.eager import context as tf_eager_context
 
 from tff_dp import canaries as canaries_lib
 from tff_dp import choices
@@ -102,14 +104,24 @@ def _train_ids(cfg: ExperimentConfig, task) -> tuple[list, list]:
 
 @contextlib.contextmanager
 def _callers_random_states():
-  """Gives the caller's Python and NumPy random states back when the run ends: the run seeds
-  them (`tf.keras.utils.set_random_seed`, for Keras' initializers) only while it lasts."""
+  """Gives the caller's Python, NumPy and TensorFlow random states back when the run ends: the
+  run seeds them (`tf.keras.utils.set_random_seed`, for Keras' initializers) only while it lasts.
+
+  TensorFlow has no public getter of its eager global seed, nor of the sequence its unseeded ops
+  draw their op seeds from, so the context's own two fields are saved and put back (what
+  `tf.random.set_seed` writes). As after any `tf.random.set_seed`, the counters of the caller's
+  already-run stateful ops restart."""
   python_state, numpy_state = random.getstate(), np.random.get_state()
+  tf_context = tf_eager_context.context()
+  # pylint: disable=protected-access  (`_rng` exists once a seed was set)
+  tf_seed, tf_op_seeds = tf_context._seed, copy.deepcopy(getattr(tf_context, '_rng', None))
   try:
     yield
   finally:
     random.setstate(python_state)
     np.random.set_state(numpy_state)
+    tf_context._seed, tf_context._rng = tf_seed, tf_op_seeds
+  # pylint: enable=protected-access
 
 
 def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDirectory, *,

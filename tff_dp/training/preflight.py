@@ -13,8 +13,8 @@ import os
 from typing import Any, Optional
 
 import tasks
-from tff_dp import choices
 from tff_dp import ledger as ledger_lib
+from tff_dp import mechanisms
 from tff_dp import run_format
 from tff_dp.errors import UserInputError
 from tff_dp.training import config as config_lib
@@ -117,7 +117,8 @@ def resume_changes(recorded: dict[str, Any], cfg: ExperimentConfig,
   changes = {name: (recorded[name], value) for name, value in new.items()
              if name in recorded and name != 'resume' and recorded[name] != value}
   refused = {k: v for k, v in changes.items() if k not in RESUMABLE_CHANGES
-             or (k == 'total_rounds' and cfg.dp.kind in choices.CORRELATED_DP_KINDS)}
+             or (k == 'total_rounds' and cfg.dp.kind != mechanisms.NO_DP
+                 and mechanisms.get(cfg.dp.kind).noise == 'correlated')}
   if refused:
     listed = '; '.join(f'`{k}` was {old!r}, now {new_value!r}'
                        for k, (old, new_value) in refused.items())

@@ -19,8 +19,7 @@ caller.
 
 from typing import Any, Iterable, Mapping, Optional
 
-from tff_dp import choices
-from tff_dp.accounting import claims
+from tff_dp import mechanisms
 from tff_dp.accounting import guarantee as guarantee_lib
 from tff_dp.run_format import release
 
@@ -95,7 +94,7 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
     return {'differential_privacy': False,
             'guarantee': 'none: the run trained without differential privacy',
             'rounds': rounds_completed}
-  claim = claims.claim_for_kind(dp, sampling_event.kind)
+  claim = mechanisms.claim(dp, sampling_event.kind)
   seeded = sampling_event.seeded and claim.amplified
   if headline is None:
     headline = guarantee_lib.Headline(dict(epsilons), claim.relation)
@@ -116,7 +115,7 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
                              if headline.poisson_approximation is not None else '')
                           + (' with amplification by sampling' if seeded else '')),
       'rounds': rounds_completed,
-      'mechanism': _MECHANISM_TEXT[choices.noise_of(dp)].format(dp=dp),
+      'mechanism': _MECHANISM_TEXT[mechanisms.get(dp).noise].format(dp=dp),
       'sampling': _sampling(sampling_event),
       'evaluation': _EVAL_TEXT[eval_data],
       'covers': release.outputs_of_class(release.COVERED, facts, files),

@@ -6,8 +6,8 @@ from typing import Any, Mapping
 
 from tff_dp import checkpoint_aggregation
 from tff_dp import ledger as ledger_lib
+from tff_dp import mechanisms
 from tff_dp.run_format import columns
-from tff_dp.accounting import claims
 from tff_dp.accounting import guarantee
 from tff_dp.training import components
 from tff_dp.training import evaluation
@@ -91,7 +91,7 @@ def _privacy_statement(config: components.LoopConfig, c: components.LoopComponen
     extra['neighboring_relation'] = accountant.neighboring_relation
     extra['headline'] = guarantee.headline(
         ledger_lib.read_ledger(c.privacy.ledger.path), epsilons, config.delta,
-        accountant.methods, claims.claim_for_kind(config.dp, event.kind), event.seeded)
+        accountant.methods, mechanisms.claim(config.dp, event.kind), event.seeded)
   rows = c.run_dir.metrics.read_rows()
   # What the run directory will hold once the report is written.
   files = release.run_files(c.run_dir.path) + ['summary.json']

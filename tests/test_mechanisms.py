@@ -1,0 +1,155 @@
+"""A mechanism is one module (issue 38, item 1): the registry's declarations are what the package
+reads, no module outside tff_dp/mechanisms/ compares a mechanism's name, each mechanism's claims
+are the claim table's rows for its noise and samplers, and a mechanism defined in this file
+registers, runs, is accounted and stated without a package file changing."""
+
+import ast
+import collections
+import json
+import os
+import pathlib
+
+import dp_accounting
+import pytest
+
+from run_helpers import REPO
+from run_helpers import run_stopped_after
+from tff_dp import choices
+from tff_dp import ledger as ledger_lib
+from tff_dp import mechanisms
+from tff_dp.accounting import claims
+from tff_dp.errors import UserInputError
+
+BUILT_IN = frozenset(mechanisms.MECHANISMS)
+
+
+def name_compares(source: str, names=BUILT_IN) -> list[tuple[int, str]]:
+  """(line, name) of every comparison of a value with one of `names`: `==`, `!=`, `is`, and
+  `in` / `not in` a literal tuple, list, set or dict holding one."""
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    if not isinstance(node, ast.Compare):
+      continue
+    for operand in [node.left, *node.comparators]:
+      literals = ([operand] if isinstance(operand, ast.Constant) else
+                  list(operand.elts) if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else
+                  list(operand.keys) if isinstance(operand, ast.Dict) else [])
+      found += [(node.lineno, c.value) for c in literals
+                if isinstance(c, ast.Constant) and c.value in names]
+  return found
+
+
+def name_tables(source: str, names=BUILT_IN) -> list[tuple[int, str]]:
+  """(line, name) of every literal tuple, list, set or dict (keys) holding one of `names`: a
+  list of mechanisms, or a table keyed by them, kept beside the registry."""
+  found = []
+  for node in ast.walk(ast.parse(source)):
+    elements = (node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else
+                node.keys if isinstance(node, ast.Dict) else [])
+    found += [(e.lineno, e.value) for e in elements
+              if isinstance(e, ast.Constant) and e.value in names]
+  return found
+
+
+def test_the_checker_finds_name_compares_and_nothing_else():
+  source = ("a = kind == 'blt'\nb = 'bandmf' != kind\nc = kind in ('ftrl', 'x')\n"
+            "d = kind not in {'joint': 1}\ne = kind == 'none'\nf = table['blt']\n"
+            "g = kind in TREE\nh = 'fixed'\n")
+  assert name_compares(source) == [(1, 'blt'), (2, 'bandmf'), (3, 'ftrl'), (4, 'joint')]
+  assert name_tables(source) == [(3, 'ftrl'), (4, 'joint')]
+  assert name_tables("KINDS = ['x', 'bandmf']\nT = {'blt': f}\n") == [(1, 'bandmf'), (2, 'blt')]
+
+
+def test_no_module_outside_mechanisms_compares_or_lists_a_mechanism_name():
+  package = pathlib.Path(REPO) / 'tff_dp'
+  found = {}
+  for path in sorted(package.rglob('*.py')):
+    if path.relative_to(package).parts[0] == 'mechanisms':
+      continue
+    hits = name_compares(path.read_text()) + name_tables(path.read_text())
+    if hits:
+      found[str(path.relative_to(REPO))] = hits
+  # The same word as another setting's choice: `canary_inclusion=fixed`.
+  assert found == {'tff_dp/choices.py': [(_line_of('CANARY_INCLUSIONS = {') + 1, 'fixed')]}
+  assert len(list(package.rglob('*.py'))) > 100   # The walk saw the package.
+
+
+def _line_of(text: str) -> int:
+  lines = (pathlib.Path(REPO) / 'tff_dp' / 'choices.py').read_text().splitlines()
+  return next(i for i, line in enumerate(lines, 1) if line.startswith(text))
+
+
+def test_each_mechanisms_claims_are_the_claim_tables_rows_for_its_noise_and_samplers():
+  used = set()
+  for name, mechanism in mechanisms.MECHANISMS.items():
+    for sampler in choices.CLIENT_SAMPLERS:
+      if sampler in mechanism.samplers:
+        assert mechanisms.claim(name, sampler) == claims.claim(mechanism.noise, sampler)
+        used.add((mechanism.noise, sampler))
+      else:
+        with pytest.raises(UserInputError, match=f'client_sampling|{sampler}'):
+          mechanisms.claim(name, sampler)
+  # Every proven row serves a mechanism; amplification covers the banded strategy only.
+  assert used == {(c.noise, c.sampler) for c in claims.CLAIMS}
+  assert [n for n, m in mechanisms.MECHANISMS.items() if 'cyclic_poisson' in m.samplers] == [
+      'bandmf']
+
+
+def test_a_mechanism_that_lists_a_sampler_without_a_proof_cannot_be_declared():
+  with pytest.raises(UserInputError, match='no proof with poisson sampling'):
+    mechanisms.Mechanism(name='unproven', description='', noise='tree', samplers=('poisson',),
+                         build_factory=lambda *a: None)
+  with pytest.raises(ValueError, match='already'):
+    mechanisms.register(mechanisms.MECHANISMS['fixed'])
+
+
+TOY = 'toy_double_noise'
+
+
+def _toy_factory(clip, noise, adaptive, noise_allocation, extra):
+  """Fixed clipping with twice the noise of `fixed`, built from the library's public parts."""
+  # pylint: disable=g-import-not-at-top  (TensorFlow: only when the run builds it)
+  import tensorflow_privacy as tfp
+  from tff_dp.aggregators import privacy_queries
+  from tff_dp.aggregators import reporting
+  del adaptive, noise_allocation, extra
+  query = tfp.NormalizedQuery(
+      tfp.GaussianSumQuery(l2_norm_clip=clip, stddev=2 * noise['noise_multiplier'] * clip),
+      denominator=noise['clients_per_round'])
+  return reporting.ReportingDPFactory(query, lambda state: collections.OrderedDict(
+      update=privacy_queries.query_tuple(state.numerator_state.l2_norm_clip,
+                                         state.numerator_state.stddev)))
+
+
+@pytest.fixture
+def toy_mechanism():
+  mechanisms.register(mechanisms.Mechanism(
+      name=TOY, description='fixed clip, twice the noise', noise='independent',
+      samplers=('poisson',), build_factory=_toy_factory))
+  yield
+  del mechanisms.MECHANISMS[TOY]
+
+
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
+def test_a_mechanism_defined_here_runs_is_accounted_and_stated(toy_mechanism, tag_task,
+                                                                 tmp_path):
+  z, clip, m, delta = 0.7, 0.1, 5, 1e-3
+  settings = dict(task='stackoverflow_tag', dp=TOY, clip=clip, noise_multiplier=z,
+                  clients_per_round=m, total_rounds=2, rounds_per_eval=2, max_eval_examples=20,
+                  delta=delta, root_output_dir=str(tmp_path))
+  assert run_stopped_after(settings, tag_task, 'toy').rounds_completed == 2
+  run_dir = tmp_path / 'toy'
+  records = ledger_lib.read_ledger(str(run_dir / 'ledger.jsonl'))
+  # The ledger holds what the toy's factory executed: twice `fixed`'s noise.
+  assert [(q.l2_norm_clip, q.noise_stddev) for r in records for q in r.queries] == [
+      pytest.approx((clip, 2 * z * clip))] * 2
+  population = json.loads((run_dir / 'config.json').read_text())['population_size']
+  accountant = dp_accounting.rdp.RdpAccountant()
+  accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+      m / population, dp_accounting.GaussianDpEvent(2 * z)), 2))
+  statement = json.loads((run_dir / 'summary.json').read_text())['privacy']
+  assert statement['epsilon']['rdp'] == pytest.approx(accountant.get_epsilon(delta), rel=1e-6)
+  assert statement['neighboring_relation'] == 'add_remove'
+  assert statement['proof'] == claims.claim('independent', 'poisson').proof
+  assert TOY in statement['mechanism']
+  assert os.path.exists(run_dir / 'plots' / 'epsilon_vs_round.png')

@@ -1,0 +1,121 @@
+"""The DP mechanisms: one module each, and the registry that maps the `dp` setting's names to
+them (`Mechanism`, `tff_dp.mechanisms.base`).
+
+Everything that differs between mechanisms is declared by the mechanism's own module: its
+noise, its samplers and so its claims, its settings and their checks, its aggregation factory
+and, for correlated noise, its strategy. The rest of the package reads these declarations and
+never branches on a mechanism's name (tests/test_mechanisms.py checks the syntax trees), so a
+new mechanism is one module registered here, or `register`ed by its user.
+
+Pure Python until a factory is built (then TensorFlow loads).
+"""
+
+import collections.abc
+from typing import Iterator, Optional
+
+from tff_dp import choices
+from tff_dp import errors
+from tff_dp import noise_budget
+from tff_dp.accounting import claims
+from tff_dp.adaptive_clipping import AdaptiveClipping
+from tff_dp.mechanisms import adaptive
+from tff_dp.mechanisms import bandmf
+from tff_dp.mechanisms import blt
+from tff_dp.mechanisms import fixed
+from tff_dp.mechanisms import ftrl
+from tff_dp.mechanisms import ftrl_adaptive
+from tff_dp.mechanisms import joint
+from tff_dp.mechanisms import per_layer_adaptive
+from tff_dp.mechanisms.base import Mechanism
+
+__all__ = ['DP_KINDS', 'MECHANISMS', 'NO_DP', 'Mechanism', 'build_aggregator', 'claim', 'get',
+           'register', 'with_noise']
+
+NO_DP = 'none'   # The `dp` setting of plain FedAvg: no mechanism.
+MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
+    fixed.MECHANISM, adaptive.MECHANISM, per_layer_adaptive.MECHANISM, joint.MECHANISM,
+    ftrl.MECHANISM, ftrl_adaptive.MECHANISM, blt.MECHANISM, bandmf.MECHANISM)}
+
+
+class _DpKinds(collections.abc.Mapping):
+  """The `dp` setting's choices, name -> meaning: 'none' and every registered mechanism (a live
+  view, so a mechanism registered later is a choice too)."""
+
+  def __getitem__(self, name: str) -> str:
+    if name == NO_DP:
+      return 'plain FedAvg, no DP'
+    return MECHANISMS[name].description
+
+  def __iter__(self) -> Iterator[str]:
+    yield NO_DP
+    yield from MECHANISMS
+
+  def __len__(self) -> int:
+    return 1 + len(MECHANISMS)
+
+
+DP_KINDS = _DpKinds()
+
+
+def register(mechanism: Mechanism) -> None:
+  """Makes `mechanism` a choice of the `dp` setting (its samplers' proofs were checked when it
+  was built); ValueError if the name is taken."""
+  if mechanism.name in DP_KINDS:
+    raise ValueError(f'a mechanism named {mechanism.name!r} is registered already')
+  MECHANISMS[mechanism.name] = mechanism
+
+
+def get(name: str) -> Mechanism:
+  """The registered mechanism `name` (UserInputError naming the choices otherwise)."""
+  if name not in MECHANISMS:
+    raise errors.UserInputError(f'`dp` must be one of {choices.one_of(MECHANISMS)} for a DP '
+                                f'mechanism, got {name!r}')
+  return MECHANISMS[name]
+
+
+def with_noise(noise: str) -> list[str]:
+  """The mechanisms whose noise is `noise` ('independent', 'tree' or 'correlated')."""
+  return [name for name, m in MECHANISMS.items() if m.noise == noise]
+
+
+def claim(name: str, sampler: str) -> claims.Claim:
+  """The claim of mechanism `name` run with `sampler`: its noise's row of the claim table,
+  when the mechanism lists the sampler; UserInputError (one line) otherwise."""
+  mechanism = get(name)
+  found = claims.claim(mechanism.noise, sampler)   # An unproven pair is refused here.
+  if sampler not in mechanism.samplers:
+    covered = [n for n in with_noise(mechanism.noise) if sampler in MECHANISMS[n].samplers]
+    raise errors.UserInputError(
+        f'`client_sampling={sampler}` has a proof for {choices.one_of(covered)} only '
+        f'(`dp={name}` has no analysis of it); use `dp={covered[0]}`, or '
+        f'`client_sampling={mechanism.default_sampler}`')
+  return found
+
+
+def build_aggregator(kind: str, *, noise_multiplier: float, clients_per_round: float,
+                     clip: float, adaptive: AdaptiveClipping = AdaptiveClipping(),
+                     noise_allocation: str = 'proportional', **kwargs):
+  """The aggregation factory of mechanism `kind` (`clip` is the initial clip, or the initial
+  scale alpha for joint; `adaptive`: how a mechanism that adapts its clip adapts it).
+
+  Further keyword arguments are the mechanism's own (`Mechanism.extra_arguments`): `groups`
+  (per_layer_adaptive, joint, with joint's `joint_clip`, `adaptive_scales`), the tree's
+  `rounds_per_epoch`, `noise_seed` (ftrl_adaptive: also `restart_warmup`,
+  `restart_frequency`), correlated noise's schedule (`rounds`, `min_separation`,
+  `max_participations`, `bands`, `noise_seed`, `amplified`); anything else is a
+  UserInputError. ftrl_adaptive adapts geometrically (as TFF); the tree and correlated
+  factories use no `noise_allocation`.
+  """
+  if kind not in MECHANISMS:
+    raise errors.UserInputError(f'unknown DP aggregation kind {kind!r}; choose one of '
+                                f'{", ".join(MECHANISMS)}')
+  mechanism = MECHANISMS[kind]
+  noise_budget.check_noise_allocation(noise_allocation)
+  allowed: Optional[tuple] = mechanism.extra_arguments
+  unknown = sorted(set(kwargs) - set(allowed)) if allowed is not None else []
+  if unknown:
+    raise errors.UserInputError(f'DP aggregation kind {kind!r} does not take '
+                                f'{", ".join(unknown)}'
+                                + (f' (it takes {", ".join(allowed)})' if allowed else ''))
+  noise = dict(noise_multiplier=noise_multiplier, clients_per_round=clients_per_round)
+  return mechanism.factory(clip, noise, adaptive, noise_allocation, kwargs)

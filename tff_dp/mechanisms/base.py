@@ -1,0 +1,118 @@
+"""What a DP mechanism of the package is: one frozen `Mechanism` per module of this package.
+
+A mechanism declares what the rest of the package would otherwise branch on by its name: the
+kind of noise it adds (which decides its accountant and its claim rows), whether it adapts its
+clip, the samplers its proofs cover, the settings that are its own, and how its aggregation
+factory and (correlated noise) its strategy are built. Pure Python: the configuration checks a
+mechanism's settings before TensorFlow loads; its factory imports TensorFlow when it is built.
+"""
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+from tff_dp import errors
+from tff_dp.accounting import claims
+from tff_dp.accounting import correlated
+
+NOISES = ('independent', 'tree', 'correlated')
+
+
+@dataclasses.dataclass(frozen=True)
+class Mechanism:
+  """A DP mechanism: clipping, noise and the claims its proofs support.
+
+  name: the value of the `dp` setting that selects it.
+  description: one line, for help texts and docs.
+  noise: 'independent' (fresh Gaussian noise every round), 'tree' (tree aggregation, DP-FTRL)
+    or 'correlated' (a Toeplitz strategy's noise, correlated across rounds).
+  samplers: the `client_sampling` values its claims cover, its default first; each must have a
+    row of the claim table (`tff_dp.accounting.claims`) for `noise`.
+  build_factory: (clip, noise, adaptive, noise_allocation, extra) -> its
+    `tff.aggregators.UnweightedAggregationFactory`; `noise` holds noise_multiplier and
+    clients_per_round, `extra` the keyword arguments `extra_arguments` allows. None for
+    correlated noise: the correlated-noise factory streams its strategy (`factory`).
+  extra_arguments: the further keyword arguments its factory takes (None: any, checked by the
+    factory itself).
+  adapts_clip: whether it adapts a clip with noised clipped-count queries (whose noise is part
+    of the round's budget, `tff_dp.noise_budget.update_noise_multiplier`).
+  settings: the settings of a run's `dp` section only it (with others that list them) takes.
+  check: rules between its settings, given the run's `dp` section (UserInputError).
+  strategy_coefs: correlated noise only: (rounds, min_separation, max_participations, bands,
+    max_buffers) -> (Toeplitz coefficients, the parameters the ledger records).
+  """
+  name: str
+  description: str
+  noise: str
+  samplers: tuple
+  build_factory: Optional[Callable[..., Any]] = None
+  extra_arguments: Optional[tuple] = ()
+  adapts_clip: bool = False
+  settings: tuple = ()
+  check: Optional[Callable[[Any], None]] = None
+  strategy_coefs: Optional[Callable[..., tuple]] = None
+
+  def __post_init__(self):
+    if self.noise not in NOISES:
+      raise ValueError(f'Mechanism {self.name!r}: noise must be one of {NOISES}, got '
+                       f'{self.noise!r}')
+    if not self.samplers:
+      raise ValueError(f'Mechanism {self.name!r} lists no sampler')
+    for sampler in self.samplers:
+      claims.claim(self.noise, sampler)   # A sampler without a proof is refused here.
+    if (self.noise == 'correlated') != (self.strategy_coefs is not None):
+      raise ValueError(f'Mechanism {self.name!r}: correlated noise, and only it, has a '
+                       'strategy')
+    if self.build_factory is None and self.noise != 'correlated':
+      raise ValueError(f'Mechanism {self.name!r} has no factory')
+
+  def factory(self, clip: float, noise: dict, adaptive, noise_allocation: str, extra: dict):
+    """Its aggregation factory (`build_factory`'s arguments; `tff_dp.mechanisms.build_aggregator`
+    checks them)."""
+    if self.build_factory is None:
+      return correlated_factory(self, clip, noise, extra)
+    return self.build_factory(clip, noise, adaptive, noise_allocation, extra)
+
+  @property
+  def default_sampler(self) -> str:
+    return self.samplers[0]
+
+  @property
+  def amplified_by_cyclic_poisson(self) -> bool:
+    return 'cyclic_poisson' in self.samplers
+
+  def strategy(self, rounds: int, min_separation: int, max_participations: int, *,
+               bands: Optional[int] = None, max_buffers: int = 4,
+               amplified: bool = False) -> correlated.Strategy:
+    """Its correlated-noise strategy for the schedule (`tff_dp.accounting.correlated`).
+    `amplified`: cyclic Poisson sampling over min_separation groups, a participation's
+    sensitivity (only a banded strategy whose bands fit in the groups)."""
+    if self.strategy_coefs is None:
+      raise errors.UserInputError(f'`dp={self.name}` has no correlated-noise strategy')
+    correlated.check_schedule(rounds, min_separation, max_participations)
+    if amplified:
+      if not self.amplified_by_cyclic_poisson:
+        raise errors.UserInputError(
+            f'`dp={self.name}` cannot be amplified by cyclic Poisson sampling (its noise spans '
+            'all rounds, not bands); use `dp=bandmf`, or `client_sampling=min_separation`')
+      correlated.check_bands_within_groups(bands or min_separation, min_separation)
+    coefs, params = self.strategy_coefs(rounds, min_separation, max_participations, bands,
+                                         max_buffers)
+    return correlated.strategy(self.name, coefs, params, rounds, min_separation,
+                               max_participations, amplified=amplified)
+
+
+# The keyword arguments of a correlated-noise factory: its schedule, and how its noise is drawn.
+CORRELATED_ARGUMENTS = ('rounds', 'min_separation', 'max_participations', 'bands', 'noise_seed',
+                        'amplified')
+
+
+def correlated_factory(mechanism: Mechanism, clip: float, noise: dict, extra: dict):
+  """The factory of a correlated-noise `mechanism` for the schedule in `extra`
+  (`CORRELATED_ARGUMENTS`; rounds, min_separation and max_participations required): its
+  strategy, the fresh draws scaled to the strategy's sensitivity."""
+  from tff_dp.aggregators import correlated_noise  # pylint: disable=g-import-not-at-top
+  schedule = {name: extra[name] for name in ('rounds', 'min_separation', 'max_participations')}
+  found = mechanism.strategy(**schedule, bands=extra.get('bands'),
+                             amplified=extra.get('amplified', False))
+  return correlated_noise.CorrelatedNoiseFactory.for_strategy(
+      found, **schedule, clip=clip, noise_seed=extra.get('noise_seed'), **noise)
