@@ -85,10 +85,11 @@ def claim(name: str, sampler: str) -> claims.Claim:
   found = claims.claim(mechanism.noise, sampler)   # An unproven pair is refused here.
   if sampler not in mechanism.samplers:
     covered = [n for n in with_noise(mechanism.noise) if sampler in MECHANISMS[n].samplers]
+    proven = f'has a proof for {choices.one_of(covered)} only' if covered else 'has no proof'
+    instead = f'`dp={covered[0]}`, or ' if covered else ''
     raise errors.UserInputError(
-        f'`client_sampling={sampler}` has a proof for {choices.one_of(covered)} only '
-        f'(`dp={name}` has no analysis of it); use `dp={covered[0]}`, or '
-        f'`client_sampling={mechanism.default_sampler}`')
+        f'`client_sampling={sampler}` {proven} (`dp={name}` has no analysis of it); use '
+        f'{instead}`client_sampling={mechanism.default_sampler}`')
   return found
 
 
