@@ -39,6 +39,31 @@ def test_round_trip(tmp_path):
   assert obj['schema_version'] == ledger.SCHEMA_VERSION and len(obj['sha256']) == 64
 
 
+def _correlated_record(round_num, noise):
+  return ledger.RoundRecord(
+      round_num, ledger.SamplingEvent('min_separation', 40, sample_size=5, epoch=1),
+      (ledger.GaussianSumQuery('update', 1.0, 0.9),), None, noise)
+
+
+def test_a_strategy_is_recorded_by_its_parameters_or_else_its_coefficients(tmp_path):
+  """A BLT's buffers, a banded strategy's bands, or another strategy's coefficients: exactly
+  one; `coefs` is written only when set, so BLT and banded records keep their lines."""
+  strategies = [ledger.CorrelatedNoise('blt', 8, 4, 2, buf_decay=(0.5,), output_scale=(0.3,)),
+                ledger.CorrelatedNoise('bandmf', 8, 4, 2, bands=3),
+                ledger.CorrelatedNoise('mine', 8, 4, 2, coefs=(1.0, 0.5, 0.25))]
+  path = str(tmp_path / 'ledger.jsonl')
+  _write(path, [_correlated_record(r, s) for r, s in enumerate(strategies, 1)])
+  assert [r.correlated for r in ledger.read_ledger(path)] == strategies
+  with open(path) as f:
+    written = [json.loads(line)['record']['correlated'] for line in f]
+  assert ['coefs' in w for w in written] == [False, False, True]
+  assert written[2]['coefs'] == [1.0, 0.5, 0.25]
+  for bad in (dict(), dict(bands=3, coefs=(1.0,)),
+              dict(buf_decay=(0.5,), output_scale=(0.3,), coefs=(1.0,)), dict(coefs=(0.0, 1.0))):
+    with pytest.raises(ledger.LedgerError):
+      ledger.CorrelatedNoise('mine', 8, 4, 2, **bad)
+
+
 def test_numpy_and_tf_like_values_are_stored_as_python_floats(tmp_path):
   query = ledger.GaussianSumQuery('update', np.float32(0.1), np.float32(0.13))
   assert type(query.l2_norm_clip) is float and type(query.noise_stddev) is float

@@ -10,9 +10,11 @@ import os
 import pathlib
 
 import dp_accounting
+import numpy as np
 import pytest
 
 from run_helpers import REPO
+from run_helpers import metrics_rows
 from run_helpers import run_stopped_after
 from tff_dp import choices
 from tff_dp import ledger as ledger_lib
@@ -153,3 +155,58 @@ def test_a_mechanism_defined_here_runs_is_accounted_and_stated(toy_mechanism, ta
   assert statement['proof'] == claims.claim('independent', 'poisson').proof
   assert TOY in statement['mechanism']
   assert os.path.exists(run_dir / 'plots' / 'epsilon_vs_round.png')
+
+
+TOY_CORRELATED = 'toy_two_coefficients'
+TOY_COEFS = (1.0, 0.5)   # C = lower-triangular Toeplitz: 1 on the diagonal, 0.5 below it.
+
+
+@pytest.fixture
+def toy_correlated_mechanism():
+  mechanisms.register(mechanisms.Mechanism(
+      name=TOY_CORRELATED, description='two-coefficient Toeplitz noise', noise='correlated',
+      samplers=('min_separation',), extra_arguments=mechanisms.CORRELATED_ARGUMENTS,
+      strategy_coefs=lambda rounds, separation, participations, bands, buffers: (TOY_COEFS, {})))
+  yield
+  del mechanisms.MECHANISMS[TOY_CORRELATED]
+
+
+def _column_norms(coefs, rounds: int) -> np.ndarray:
+  """The column norms of the rounds x rounds lower-triangular Toeplitz matrix of `coefs`."""
+  c = np.zeros((rounds, rounds))
+  for i in range(rounds):
+    for j in range(i + 1):
+      c[i, j] = coefs[i - j] if i - j < len(coefs) else 0.0
+  return np.linalg.norm(c, axis=0)
+
+
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
+def test_a_correlated_strategy_defined_here_runs_and_is_accounted_from_its_coefficients(
+    toy_correlated_mechanism, tag_task, tmp_path):
+  """A new strategy is its coefficients: the ledger records them (no named parameters), the
+  fresh draws are scaled to the strategy's sensitivity and each round's epsilon follows from
+  it; a client participates once in 2 rounds here, so the sensitivity after t rounds is the
+  largest column norm of the first t x t block (brute force below)."""
+  z, clip, m, delta = 0.9, 0.1, 5, 1e-3
+  settings = dict(task='stackoverflow_tag', dp=TOY_CORRELATED, client_sampling='min_separation',
+                  clip=clip, noise_multiplier=z, clients_per_round=m, total_rounds=2,
+                  rounds_per_eval=2, max_eval_examples=20, delta=delta,
+                  root_output_dir=str(tmp_path))
+  assert run_stopped_after(settings, tag_task, 'toy').rounds_completed == 2
+  run_dir = tmp_path / 'toy'
+  records = ledger_lib.read_ledger(str(run_dir / 'ledger.jsonl'))
+  assert [r.correlated.coefs for r in records] == [TOY_COEFS] * 2
+  assert records[0].correlated.mechanism == TOY_CORRELATED
+  sens = [max(_column_norms(TOY_COEFS, t)) for t in (1, 2)]   # 1 and sqrt(1.25)
+  stddev = z * clip * sens[-1]
+  assert [q.noise_stddev for r in records for q in r.queries] == [pytest.approx(stddev)] * 2
+  expected = []
+  for t in (1, 2):   # After round t: the Gaussian with multiplier stddev / (clip sens_t).
+    accountant = dp_accounting.rdp.RdpAccountant()
+    accountant.compose(dp_accounting.GaussianDpEvent(stddev / (clip * sens[t - 1])))
+    expected.append(accountant.get_epsilon(delta))
+  assert [float(r['epsilon_rdp']) for r in metrics_rows(run_dir)] == pytest.approx(expected)
+  assert expected[0] < expected[1]
+  statement = json.loads((run_dir / 'summary.json').read_text())['privacy']
+  assert statement['neighboring_relation'] == claims.ZERO_OUT
+  assert TOY_CORRELATED in statement['mechanism']

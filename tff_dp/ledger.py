@@ -198,10 +198,13 @@ class CorrelatedNoise:
   """The strategy a correlated-noise round's noise came from (`dp=blt|bandmf`), as planned for
   the whole run, and the participation schedule it is accounted under: the mechanism that built
   it, and the strategy's parameters, which alone define its coefficients: a BLT's `buf_decay`
-  and `output_scale` (coefficients 1, sum_i output_scale_i buf_decay_i^(k-1), ...) or a banded
-  one's `bands` (the column-normalized banded square root), built for `rounds` rounds,
+  and `output_scale` (coefficients 1, sum_i output_scale_i buf_decay_i^(k-1), ...), a banded
+  one's `bands` (the column-normalized banded square root), or, for any other strategy, its
+  Toeplitz `coefs` themselves (the first ones; the rest are 0). Built for `rounds` rounds,
   each client at most `max_participations` times, at least `min_separation` rounds apart.
-  The queries' `noise_stddev` is then the stddev of each round's fresh Gaussian draw."""
+  The queries' `noise_stddev` is then the stddev of each round's fresh Gaussian draw.
+
+  `coefs` is written only when set, so records of BLT and banded strategies read as before."""
   mechanism: str
   rounds: int
   min_separation: int
@@ -209,6 +212,7 @@ class CorrelatedNoise:
   buf_decay: Tuple[float, ...] = ()
   output_scale: Tuple[float, ...] = ()
   bands: Optional[int] = None
+  coefs: Tuple[float, ...] = ()
 
   def __post_init__(self):
     if not isinstance(self.mechanism, str) or not self.mechanism:
@@ -222,15 +226,24 @@ class CorrelatedNoise:
         _as_float(v, 'CorrelatedNoise.output_scale') for v in self.output_scale))
     if len(self.buf_decay) != len(self.output_scale):
       raise LedgerError('CorrelatedNoise.buf_decay and output_scale differ in length.')
-    if (self.bands is not None) == bool(self.buf_decay):
-      raise LedgerError('CorrelatedNoise records one strategy: a banded one\'s `bands` or a '
-                        'BLT\'s `buf_decay` and `output_scale`, not both or neither.')
+    object.__setattr__(self, 'coefs', tuple(
+        _as_float(v, 'CorrelatedNoise.coefs') for v in self.coefs))
+    if [self.bands is not None, bool(self.buf_decay), bool(self.coefs)].count(True) != 1:
+      raise LedgerError('CorrelatedNoise records one strategy: a banded one\'s `bands`, a '
+                        'BLT\'s `buf_decay` and `output_scale`, or another\'s `coefs`.')
+    if self.coefs and self.coefs[0] <= 0:
+      raise LedgerError(f'CorrelatedNoise.coefs must start with a positive coefficient, got '
+                        f'{self.coefs[0]}.')
     if self.bands is not None:
       object.__setattr__(self, 'bands', _as_int(self.bands, 'CorrelatedNoise.bands', 1))
 
   def to_json(self) -> dict:
     out = dataclasses.asdict(self)
     out['buf_decay'], out['output_scale'] = list(self.buf_decay), list(self.output_scale)
+    if self.coefs:
+      out['coefs'] = list(self.coefs)
+    else:
+      del out['coefs']
     return out
 
 
@@ -284,8 +297,9 @@ class RoundRecord:
     _check_keys(obj, {'round_num', 'sampling', 'queries'} | ({'tree_leaf'} if tree else set())
                 | ({'correlated'} if correlated else set()), 'record')
     if correlated:
-      _check_keys(obj['correlated'], {f.name for f in dataclasses.fields(CorrelatedNoise)},
-                  'correlated')
+      fields = {f.name for f in dataclasses.fields(CorrelatedNoise)}
+      _check_keys(obj['correlated'], fields if 'coefs' in obj['correlated'] else
+                  fields - {'coefs'}, 'correlated')
     s = obj['sampling']
     shuffled = isinstance(s, dict) and s.get('kind') in _WITH_EPOCH
     seeded = isinstance(s, dict) and 'seeded' in s

@@ -86,6 +86,8 @@ def check_amplified_record(noise: ledger.CorrelatedNoise, groups: int) -> None:
 def coefs_of(noise: ledger.CorrelatedNoise) -> np.ndarray:
   """The Toeplitz coefficients of a recorded strategy, for its `rounds`: from its recorded
   parameters (a banded square root's bands, or a BLT's buffers), whatever its name."""
+  if noise.coefs:
+    return np.asarray(noise.coefs, dtype=np.float64)
   if noise.bands is not None:
     return banded.banded_sqrt_coefs(noise.bands)
   return blt.BLT(noise.buf_decay, noise.output_scale).coefs(noise.rounds)
@@ -93,12 +95,14 @@ def coefs_of(noise: ledger.CorrelatedNoise) -> np.ndarray:
 
 def recorded(found: Strategy, rounds: int, min_separation: int,
              max_participations: int) -> ledger.CorrelatedNoise:
-  """What the ledger records of a strategy and its schedule."""
+  """What the ledger records of a strategy and its schedule: its parameters (a BLT's buffers,
+  a banded strategy's bands), or, for a strategy with neither, its coefficients."""
+  named = 'bands' in found.params or 'buf_decay' in found.params
   return ledger.CorrelatedNoise(
       found.mechanism, rounds, min_separation, max_participations,
       buf_decay=tuple(found.params.get('buf_decay', ())),
       output_scale=tuple(found.params.get('output_scale', ())),
-      bands=found.params.get('bands'))
+      bands=found.params.get('bands'), coefs=() if named else found.coefs)
 
 
 def check_schedule(rounds, min_separation, max_participations) -> None:

@@ -137,14 +137,14 @@ class CorrelatedNoiseFactory(tff.aggregators.UnweightedAggregationFactory):
   @property
   def num_buffers(self) -> int:
     """Model-sized tensors the noise state holds (its memory: that many model copies)."""
-    if self.strategy.bands is None:   # A BLT: its buffers.
+    if self.strategy.buf_decay:   # A BLT: its buffers.
       return len(self.strategy.buf_decay)
     return len(self.coefs) - 1
 
   def create(self, value_type) -> tff.templates.AggregationProcess:
     specs, _ = groups_lib.value_specs_and_shapes(value_type)
     seed = tree_aggregation.noise_seed(self.noise_seed)
-    if self.strategy.bands is None:   # A BLT: streamed with its buffers.
+    if self.strategy.buf_decay:   # A BLT: streamed with its buffers.
       shape = dict(buf_decay=self.strategy.buf_decay, output_scale=self.strategy.output_scale)
     else:
       shape = dict(coefs=self.coefs)

@@ -26,10 +26,11 @@ from tff_dp.mechanisms import ftrl
 from tff_dp.mechanisms import ftrl_adaptive
 from tff_dp.mechanisms import joint
 from tff_dp.mechanisms import per_layer_adaptive
+from tff_dp.mechanisms.base import CORRELATED_ARGUMENTS
 from tff_dp.mechanisms.base import Mechanism
 
-__all__ = ['DP_KINDS', 'MECHANISMS', 'NO_DP', 'Mechanism', 'build_aggregator', 'claim', 'get',
-           'register', 'with_noise']
+__all__ = ['CORRELATED_ARGUMENTS', 'DP_KINDS', 'MECHANISMS', 'NO_DP', 'Mechanism',
+           'build_aggregator', 'claim', 'get', 'register', 'with_noise']
 
 NO_DP = 'none'   # The `dp` setting of plain FedAvg: no mechanism.
 MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (

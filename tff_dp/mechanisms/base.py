@@ -38,7 +38,9 @@ class Mechanism:
   settings: the settings of a run's `dp` section only it (with others that list them) takes.
   check: rules between its settings, given the run's `dp` section (UserInputError).
   strategy_coefs: correlated noise only: (rounds, min_separation, max_participations, bands,
-    max_buffers) -> (Toeplitz coefficients, the parameters the ledger records).
+    max_buffers) -> (Toeplitz coefficients, their parameters: a BLT's `buf_decay` and
+    `output_scale`, a banded strategy's `bands`, or {} for any other strategy, whose
+    coefficients the ledger then records themselves).
   """
   name: str
   description: str

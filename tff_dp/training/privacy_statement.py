@@ -42,8 +42,8 @@ _MECHANISM_TEXT = {
     'independent': 'DP-FedAvg ({dp} clipping, Gaussian noise), as recorded in ledger.jsonl',
     'tree': 'DP-FTRL ({dp}: tree-aggregation noise), as recorded in ledger.jsonl',
     'correlated': 'DP-FTRL ({dp}: correlated noise, fixed clip), the strategy and schedule as '
-                  'recorded in ledger.jsonl (`correlated`: buf_decay / output_scale or bands, '
-                  'min_separation, max_participations)',
+                  'recorded in ledger.jsonl (`correlated`: buf_decay / output_scale, bands or '
+                  'coefs, min_separation, max_participations)',
 }
 _EVAL_TEXT = {
     'test_disjoint': 'the task\'s test split, whose clients are not in the training population',
