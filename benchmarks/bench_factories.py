@@ -8,6 +8,8 @@ Arms, all in `tff.learning.algorithms.build_unweighted_fed_avg` with the same cl
   ftrl, ftrl_adaptive   DP-FTRL: our wrappers of TFF's tree_aggregation / tree_adaptive
   blt, bandmf      correlated-noise DP-FTRL (ours), planned for `--plan_rounds` rounds with a
                    client every `--min_separation` (BLT's few buffers; BandMF's bands - 1: 19)
+  bandmf_64        BandMF with 64 bands (63 model-sized buffers), as the Recycling Scraps
+                   DP-FTRLM and amplified BandMF configurations want on the LSTM
   adadps_client    AdaDPS preconditioned client optimizer + our adaptive factory
   adadps_server    AdaDPS PreconditionedFactory around our adaptive factory
 Rounds of all arms are interleaved with a rotating order, so machine noise hits every arm alike.
@@ -16,6 +18,7 @@ rounds of the arm (reset between arms through /proc/PID/clear_refs), and how far
 rises above the RSS resident when the arm starts (the arm's transient round memory; the
 resident part grows as arms are built in one process). Also prints the ledger + accountant
 cost per round. Usage: python benchmarks/bench_factories.py [--rounds 5] [--tasks emnist,stackoverflow_word]
+[--arms plain,fixed,bandmf_64]
 """
 
 import argparse
@@ -40,8 +43,8 @@ from tasks import synthetic_data  # noqa: E402
 from tff_dp import accounting  # noqa: E402
 from tff_dp import aggregators  # noqa: E402
 from tff_dp import ledger as ledger_lib  # noqa: E402
-from tff_dp import runtime  # noqa: E402
 from tff_dp import mechanisms  # noqa: E402
+from tff_dp import runtime  # noqa: E402
 
 runtime.manage_workers()   # No TFF worker outlives the benchmark.
 from tff_dp.training import adadps_setup  # noqa: E402
@@ -49,7 +52,7 @@ from tff_dp.training import adadps_setup  # noqa: E402
 _Z, _CLIP = 0.5, 1.0
 
 
-def _arms(task, clients, *, plan_rounds, min_separation):
+def _arms(task, clients, *, plan_rounds, min_separation, only=None):
   # Correlated noise planned for `plan_rounds` rounds, each client every `min_separation`: the
   # per-round cost is the noise state's buffers (BLT's few; BandMF's bands - 1, its default
   # bands being min_separation).
@@ -77,11 +80,15 @@ def _arms(task, clients, *, plan_rounds, min_separation):
       'ftrl_adaptive': (ours('ftrl_adaptive'), sgd(0.1)),
       'blt': (ours('blt', **plan), sgd(0.1)),
       'bandmf': (ours('bandmf', **plan), sgd(0.1)),
+      'bandmf_64': (ours('bandmf', **plan, bands=min(64, plan_rounds)), sgd(0.1)),
       'adadps_client': (ours('adaptive'), adadps_setup.client_optimizer('sgd', 0.1, ones)),
       'adadps_server': (adadps_setup.server_aggregator(ones, ours('adaptive')), sgd(0.1)),
   }
+  unknown = sorted(set(only or ()) - set(arms))
+  if unknown:
+    raise SystemExit(f'error: --arms: no arm {", ".join(unknown)}; arms: {", ".join(arms)}')
   return {name: bench_common.fed_avg(task.model_fn, agg, client_optimizer=opt)
-          for name, (agg, opt) in arms.items()}
+          for name, (agg, opt) in arms.items() if not only or name in only}
 
 
 def _status_kib(pid, field) -> int:
@@ -99,11 +106,12 @@ def _mib(pids, field) -> float:
 
 
 def bench_task(name, data_dir, clients, rounds, max_elements=None, memory_rounds=2, *,
-               plan_rounds, min_separation):
+               plan_rounds, min_separation, only=None):
   task = tasks.build_task(name, data_dir, client_batch_size=20,
                           max_elements_per_client=max_elements)
   data = bench_common.first_client_datasets(task, clients)
-  processes = _arms(task, clients, plan_rounds=plan_rounds, min_separation=min_separation)
+  processes = _arms(task, clients, plan_rounds=plan_rounds, min_separation=min_separation,
+                    only=only)
   states = {k: p.initialize() for k, p in processes.items()}
   peaks = {}
   for k, p in processes.items():  # Warm-up (tracing), then peak memory of `memory_rounds`.
@@ -116,7 +124,24 @@ def bench_task(name, data_dir, clients, rounds, max_elements=None, memory_rounds
       states[k] = p.next(states[k], data).state
     peak = _mib(pids, 'VmHWM')
     peaks[k] = (peak, peak - baseline)
-  return bench_common.interleaved_median_seconds(processes, states, data, rounds), peaks
+  model_bytes = 4 * sum(int(np.prod(np.shape(w))) for w in tff.learning.models.ModelWeights
+                        .from_model(task.model_fn()).trainable)
+  return (bench_common.interleaved_median_seconds(processes, states, data, rounds), peaks,
+          model_bytes)
+
+
+def _print_banded_against_fixed(times, peaks, model_bytes, args) -> None:
+  """BandMF against fixed (issue 40's targets: at most 1.5x per round; a round peak above
+  fixed's of at most 0.1x its noise state, i.e. the state held once, not copied per round)."""
+  bands = {'bandmf': min(args.min_separation, args.plan_rounds),
+           'bandmf_64': min(64, args.plan_rounds)}
+  for k, b in bands.items():
+    if k in times and 'fixed' in times:
+      state = (b - 1) * model_bytes / 2**20
+      print(f'{k}: {b} bands, noise state {state:.0f} MiB; x fixed per round '
+            f'{times[k] / times["fixed"]:.2f}; round peak above fixed\'s '
+            f'{peaks[k][1] - peaks["fixed"][1]:.0f} MiB = '
+            f'{(peaks[k][1] - peaks["fixed"][1]) / state:.2f} x the noise state')
 
 
 def ledger_cost(rounds: int = 300) -> dict:
@@ -147,11 +172,13 @@ def ledger_cost(rounds: int = 300) -> dict:
           t_rdp / rounds, 'PLD epsilon (one report)': t_pld / max(n_pld, 1)}
 
 
-# `--smoke`: the smallest settings, which the test suite runs (bench_args).
-# TFF's gaussian_adaptive needs >= 6 clients; BandMF with 4 bands holds 3 model-sized buffers
-# (19 at the default plan).
+# `--smoke`: the smallest settings, which the test suite runs (bench_args): every line of the
+# benchmark, on the arms its own report needs (plain, fixed and the two BandMF arms); every
+# arm's factory is still built (`_arms`), and each factory's rounds are tested in its own tests.
+# BandMF with 4 bands holds 3 model-sized buffers (19 at the default plan), bandmf_64 here 19.
 SMOKE = ['--rounds=1', '--clients=6', '--tasks=emnist', '--max_elements=20', '--memory_rounds=1',
-         '--ledger_rounds=20', '--plan_rounds=20', '--min_separation=4']
+         '--ledger_rounds=20', '--plan_rounds=20', '--min_separation=4',
+         '--arms=fixed,bandmf,bandmf_64']
 
 
 def main():
@@ -170,7 +197,11 @@ def main():
   parser.add_argument('--min_separation', type=int, default=20,
                       help='rounds between two participations of a client in that plan (BandMF '
                       'bands: this many, so bands - 1 model-sized buffers)')
+  parser.add_argument('--arms', default=None,
+                      help='only these arms, comma-separated (default: all; plain first)')
   args = bench_args.parse(parser, SMOKE)
+  only = None if args.arms is None else ['plain'] + [a for a in args.arms.split(',')
+                                                     if a != 'plain']
   data_dir = os.path.join(tempfile.gettempdir(), 'tff_dp_bench_data')
   print(f'{time.strftime("%Y-%m-%d")}, {platform.machine()}, {os.cpu_count()} cores, '
         f'TFF {tff.__version__}, TF {tf.__version__}; {args.clients} clients/round, median of '
@@ -178,14 +209,15 @@ def main():
         f'{args.plan_rounds} rounds, each client every {args.min_separation}')
   for name in args.tasks.split(','):
     synthetic_data.ensure_default_cache(data_dir, name)
-    times, peaks = bench_task(name, data_dir, args.clients, args.rounds, args.max_elements,
-                              args.memory_rounds, plan_rounds=args.plan_rounds,
-                              min_separation=args.min_separation)
+    times, peaks, model_bytes = bench_task(
+        name, data_dir, args.clients, args.rounds, args.max_elements, args.memory_rounds,
+        plan_rounds=args.plan_rounds, min_separation=args.min_separation, only=only)
     print(f'\n{name}\n{"arm":<15} {"s/round":>8} {"x plain":>8} {"peak MiB":>9} '
           f'{"round peak above resident MiB":>30}')
     for k, t in times.items():
       print(f'{k:<15} {t:>8.3f} {t / times["plain"]:>8.3f} {peaks[k][0]:>9.0f} '
             f'{peaks[k][1]:>30.0f}')
+    _print_banded_against_fixed(times, peaks, model_bytes, args)
   print('\nledger + accountant, per round (adaptive clipping, two queries)')
   for k, v in ledger_cost(args.ledger_rounds).items():
     print(f'{k:<32} {v * 1000:>8.2f} ms')
