@@ -73,13 +73,18 @@ def check_bands_within_groups(bands: int, groups: int) -> None:
         'would span two participations of a client; use `bands` <= the groups')
 
 
+def not_amplifiable(mechanism: str) -> errors.UserInputError:
+  """The refusal of cyclic Poisson sampling for a strategy that is not banded."""
+  return errors.UserInputError(
+      f'`dp={mechanism}` cannot be amplified by cyclic Poisson sampling (its noise spans all '
+      'rounds, not bands); use `dp=bandmf`, or `client_sampling=min_separation`')
+
+
 def check_amplified_record(noise: ledger.CorrelatedNoise, groups: int) -> None:
   """UserInputError unless cyclic Poisson sampling over `groups` groups amplifies the recorded
   strategy: a banded one (its noise spans bands, not all rounds) whose bands fit the groups."""
   if noise.bands is None:
-    raise errors.UserInputError(
-        f'`dp={noise.mechanism}` cannot be amplified by cyclic Poisson sampling (its noise '
-        'spans all rounds, not bands); use `dp=bandmf`, or `client_sampling=min_separation`')
+    raise not_amplifiable(noise.mechanism)
   check_bands_within_groups(noise.bands, groups)
 
 

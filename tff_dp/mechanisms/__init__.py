@@ -30,7 +30,7 @@ from tff_dp.mechanisms.base import CORRELATED_ARGUMENTS
 from tff_dp.mechanisms.base import Mechanism
 
 __all__ = ['CORRELATED_ARGUMENTS', 'DP_KINDS', 'MECHANISMS', 'NO_DP', 'Mechanism',
-           'build_aggregator', 'claim', 'get', 'register', 'with_noise']
+           'build_aggregator', 'claim', 'find', 'get', 'register', 'with_noise']
 
 NO_DP = 'none'   # The `dp` setting of plain FedAvg: no mechanism.
 MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
@@ -72,6 +72,11 @@ def get(name: str) -> Mechanism:
     raise errors.UserInputError(f'`dp` must be one of {choices.one_of(MECHANISMS)} for a DP '
                                 f'mechanism, got {name!r}')
   return MECHANISMS[name]
+
+
+def find(kind: str) -> Optional[Mechanism]:
+  """The mechanism of the `dp` setting `kind`: None for `NO_DP`, else as `get`."""
+  return None if kind == NO_DP else get(kind)
 
 
 def with_noise(noise: str) -> list[str]:

@@ -93,9 +93,7 @@ class Mechanism:
     correlated.check_schedule(rounds, min_separation, max_participations)
     if amplified:
       if not self.amplified_by_cyclic_poisson:
-        raise errors.UserInputError(
-            f'`dp={self.name}` cannot be amplified by cyclic Poisson sampling (its noise spans '
-            'all rounds, not bands); use `dp=bandmf`, or `client_sampling=min_separation`')
+        raise correlated.not_amplifiable(self.name)
       correlated.check_bands_within_groups(bands or min_separation, min_separation)
     coefs, params = self.strategy_coefs(rounds, min_separation, max_participations, bands,
                                          max_buffers)

@@ -198,12 +198,13 @@ def build(sampling_cfg: config_lib.SamplingConfig, dp: config_lib.DPConfig,
         sampling_cfg.client_sampling in choices.PERMUTATION_SAMPLERS)
   cyclic = sampling_cfg.client_sampling == 'cyclic_poisson'
   sampler = _sampler(sampling_cfg, population, key_path, resume, dp.bands if cyclic else None)
-  tree = dp.kind != 'none' and mechanisms.get(dp.kind).noise == 'tree'
+  mechanism = mechanisms.find(dp.kind)
+  tree = mechanism is not None and mechanism.noise == 'tree'
   delta = accounting.check_delta(
       accounting_cfg.delta if accounting_cfg.delta is not None
       else accounting.suggested_delta(len(population)), len(population))
   relation = None
-  if dp.kind != 'none':
+  if mechanism is not None:
     relation = mechanisms.claim(dp.kind, sampling_cfg.client_sampling).columns_relation
   accountant = _accountant(accounting_cfg, delta, relation) if relation else None
   dp_factory = build_aggregator(dp, sampling_cfg.clients_per_round,
@@ -211,7 +212,7 @@ def build(sampling_cfg: config_lib.SamplingConfig, dp: config_lib.DPConfig,
                                 amplified=cyclic,
                                 noise_scale=cohort.scale if cohort is not None else 1.0)
   ledger_key = new_ledger_key = None
-  if ledger_key_path is not None and dp.kind != 'none':
+  if ledger_key_path is not None and mechanism is not None:
     if resume:   # A run recorded before MACs has no key, and goes on without.
       ledger_key = sampling.load_key(ledger_key_path, what='ledger key')
     else:

@@ -593,7 +593,7 @@ class ExperimentConfig:
       raise UserInputError(
           f'`dp={dp}` requires uniform client weighting (`weighting=uniform`): a client '
           'weighted by its example count could exceed the clip-based sensitivity')
-    mechanism = mechanisms.get(dp) if dp != mechanisms.NO_DP else None
+    mechanism = mechanisms.find(dp)
     if mechanism is not None and mechanism.adapts_clip and self.dp.noise_multiplier:
       noise_budget.update_noise_multiplier(
           self.dp.noise_multiplier, noise_budget.resolve_clipped_count_stddev(
@@ -690,9 +690,8 @@ class ExperimentConfig:
     """`rounds_per_checkpoint`, or its default for the mechanism when unset."""
     if self.output.rounds_per_checkpoint is not None:
       return self.output.rounds_per_checkpoint
-    if self.dp.kind == mechanisms.NO_DP or mechanisms.get(self.dp.kind).noise == 'independent':
-      return 10
-    return 1
+    mechanism = mechanisms.find(self.dp.kind)
+    return 10 if mechanism is None or mechanism.noise == 'independent' else 1
 
   def with_run_name(self, task_name: Optional[str] = None) -> 'ExperimentConfig':
     """The config with `experiment_name` set: TASK-DP-TIMESTAMP when it is unset (TASK:

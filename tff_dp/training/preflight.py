@@ -116,9 +116,10 @@ def resume_changes(recorded: dict[str, Any], cfg: ExperimentConfig,
       settings_to_record(cfg, task_name if task_name is not None else cfg.task.name)))
   changes = {name: (recorded[name], value) for name, value in new.items()
              if name in recorded and name != 'resume' and recorded[name] != value}
+  mechanism = mechanisms.find(cfg.dp.kind)
+  correlated = mechanism is not None and mechanism.noise == 'correlated'
   refused = {k: v for k, v in changes.items() if k not in RESUMABLE_CHANGES
-             or (k == 'total_rounds' and cfg.dp.kind != mechanisms.NO_DP
-                 and mechanisms.get(cfg.dp.kind).noise == 'correlated')}
+             or (k == 'total_rounds' and correlated)}
   if refused:
     listed = '; '.join(f'`{k}` was {old!r}, now {new_value!r}'
                        for k, (old, new_value) in refused.items())
