@@ -131,6 +131,7 @@ def arm_config(arm_flags: Sequence[str]):
   """The config `run_experiment.py` runs for these flags (flag files expanded as absl does);
   raises ValueError naming a bad flag or setting. Imports no TensorFlow."""
   # pylint: disable=g-import-not-at-top
+  import tasks  # pylint: disable=unused-import  (registers the tasks run_experiment.py runs)
   from tff_dp import cli_flags
   from tff_dp.errors import UserInputError
   from tff_dp.training import config_flags

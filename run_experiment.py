@@ -22,6 +22,7 @@ from tff_dp.training import stop_signal  # No TensorFlow: imported first.
 # and ends the run with one line and exit code 128 + signal.
 _STOP = stop_signal.StopSignal(print).install() if __name__ == '__main__' else None
 
+import tasks  # noqa: E402  (registers the repository's tasks and their settings; no TensorFlow)
 from tff_dp import cli_flags  # noqa: E402
 from tff_dp.errors import RunFailedError  # noqa: E402
 from tff_dp.errors import RunInterrupted  # noqa: E402

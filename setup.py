@@ -15,8 +15,7 @@ setuptools.setup(
     version='0.1.0',
     description='User-level DP federated learning on TFF: adaptive clipping, privacy ledger, '
     'AdaDPS preconditioning, checkpoint aggregation.',
-    packages=setuptools.find_packages(include=['tff_dp', 'tff_dp.*', 'tasks', 'tasks.*']),
-    py_modules=['run_experiment'],
+    packages=setuptools.find_packages(include=['tff_dp', 'tff_dp.*']),
     python_requires='>=3.11,<3.12',
     install_requires=[
         'absl-py==1.4.0',

@@ -50,6 +50,7 @@ def _cache(cache_root: str, family: str, population: int) -> str:
 
 
 def _run(args, task: str, data_dir: str, noise: float, canaries: int) -> dict:
+  import tasks   # pylint: disable=g-import-not-at-top,unused-import  (registers the tasks)
   import tff_dp   # pylint: disable=g-import-not-at-top
   from tff_dp.run_format import metrics_csv   # pylint: disable=g-import-not-at-top
   name = f'{task}-z{noise:g}-k{canaries}'

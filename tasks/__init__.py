@@ -1,25 +1,30 @@
 """Benchmark tasks (EMNIST, StackOverflow next-word and tag prediction) on TFF's loaders.
 
-`TASKS` is the one list of tasks (the `task` setting's choices). This module imports no
-TensorFlow at the top, so that a configuration can be checked against `TASKS` before TF is
-loaded (the command line reports a bad flag in a second); building a task imports it.
+Importing this package registers its tasks with the library (`tff_dp.training.task_registry`:
+the `task` setting's choices) and their settings (`TaskSettings`, the config section
+`task_options`); the library itself never imports it. `TASKS` lists them. No TensorFlow at the
+top, so that a configuration can be checked before TF is loaded (the command line reports a bad
+flag in a second); building a task imports it.
 """
 
+import functools
 import importlib
 import inspect
 import os
 from typing import Optional
 
 from tasks.registry import DEFAULT_EMBEDDED_DATA_DIR
+from tasks.registry import SECTION_NAME
 from tasks.registry import TASK_NAMES
-from tasks.registry import TASK_SETTINGS
 from tasks.registry import TASKS
-from tasks.registry import TaskSetting
+from tasks.registry import TaskSettings
 from tasks.registry import TaskSpec
 from tff_dp.errors import UserInputError
+from tff_dp.training import sections
+from tff_dp.training import task_registry
 
-__all__ = ['TASKS', 'TASK_NAMES', 'TASK_SETTINGS', 'TaskSetting', 'TaskSpec',
-           'DEFAULT_EMBEDDED_DATA_DIR', 'FederatedTask', 'build_task', 'check_data', 'load']
+__all__ = ['TASKS', 'TASK_NAMES', 'TaskSettings', 'TaskSpec', 'DEFAULT_EMBEDDED_DATA_DIR',
+           'FederatedTask', 'build_task', 'check_data', 'load']
 
 
 def __getattr__(name):
@@ -83,3 +88,15 @@ def load(name: str, data_dir: Optional[str] = None, *,
     from tasks import synthetic_data  # pylint: disable=g-import-not-at-top  (imports TF)
     data_dir = synthetic_data.ensure_default_cache(embedded_data_dir, name)
   return build_task(name, data_dir, **build_options)
+
+
+def _register() -> None:
+  """Registers `TaskSettings` and each task of `TASKS` with the library."""
+  sections.register(SECTION_NAME, TaskSettings)
+  for name, spec in TASKS.items():
+    task_registry.register(name, task_registry.RegisteredTask(
+        help=spec.help, build=functools.partial(load, name),
+        check_data=functools.partial(check_data, name), options=spec.options))
+
+
+_register()

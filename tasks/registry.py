@@ -1,23 +1,14 @@
-"""The one list of tasks (the `task` setting's choices) and where each is built from.
+"""The repository's tasks (the `task` setting's choices once `tasks` is imported), where each is
+built from, and their settings (`TaskSettings`, a config section of its own).
 
 Pure Python (no TensorFlow), so that a configuration is checked against it before TF loads.
 """
 
 import dataclasses
-import os
-from typing import Any, Mapping, Optional
+from typing import Mapping
 
-
-@dataclasses.dataclass(frozen=True)
-class TaskSetting:
-  """A setting a task declares for its options: its flat name (flag, config.json key), type,
-  default, help and lower bound. The run's task config gets one field per setting
-  (`tff_dp.training.config.TaskConfig`), so the library's config names none of them."""
-  name: str
-  type: type
-  default: Any
-  help: str
-  minimum: Optional[int] = None
+from tff_dp.training import sections
+from tff_dp.training import task_registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,8 +18,8 @@ class TaskSpec:
   module: str          # tasks.<module>
   builder: str         # its function (data_dir, client_spec, shuffle_seed=..., **options)
   family: str          # dataset family of `tasks.synthetic_data` (the embedded dataset)
-  # The builder's own options: keyword -> the setting that gives it (a `TASK_SETTINGS` name:
-  # a field of the run's task config and its flag).
+  # The builder's own options: keyword -> the setting that gives it (a field of
+  # `TaskSettings`: a flag and a config.json key).
   options: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
@@ -44,24 +35,33 @@ TASKS = {
         'build_tag_prediction', 'stackoverflow',
         {'word_vocab_size': 'so_vocab_size', 'tag_vocab_size': 'so_tag_vocab_size'}),
 }
-# The settings the tasks' options come from, one declaration each (shared ones, like the
-# StackOverflow word vocabulary, are the option of several tasks).
-TASK_SETTINGS = (
-    TaskSetting('emnist_only_digits', bool, False,
-                'EMNIST: 10 digit classes instead of all 62 characters.'),
-    TaskSetting('so_vocab_size', int, 10000,
-                'StackOverflow: word vocabulary size (most frequent words).', minimum=1),
-    TaskSetting('so_tag_vocab_size', int, 500,
-                'StackOverflow tag prediction: number of tags predicted.', minimum=1),
-    TaskSetting('so_sequence_length', int, 20,
-                'StackOverflow next-word prediction: tokens per sequence.', minimum=1),
-    TaskSetting('so_embedding_size', int, 96,
-                'StackOverflow next-word prediction: word embedding size (and of the dense '
-                'layer before the output), 96 in the literature\'s model.', minimum=1),
-    TaskSetting('so_lstm_size', int, 670,
-                'StackOverflow next-word prediction: LSTM units, 670 in the literature\'s '
-                'model.', minimum=1),
-)
 TASK_NAMES = tuple(TASKS)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TaskSettings(sections.Section):
+  """Settings of the repository's tasks: the EMNIST classes, the StackOverflow vocabularies and
+  model sizes (each task's builder options name the ones it takes, `TASKS[name].options`)."""
+  emnist_only_digits: bool = sections.setting(
+      False, 'EMNIST: 10 digit classes instead of all 62 characters.')
+  so_vocab_size: int = sections.setting(
+      10000, 'StackOverflow: word vocabulary size (most frequent words).',
+      check=sections.at_least(1))
+  so_tag_vocab_size: int = sections.setting(
+      500, 'StackOverflow tag prediction: number of tags predicted.',
+      check=sections.at_least(1))
+  so_sequence_length: int = sections.setting(
+      20, 'StackOverflow next-word prediction: tokens per sequence.',
+      check=sections.at_least(1))
+  so_embedding_size: int = sections.setting(
+      96, 'StackOverflow next-word prediction: word embedding size (and of the dense layer '
+      'before the output), 96 in the literature\'s model.', check=sections.at_least(1))
+  so_lstm_size: int = sections.setting(
+      670, 'StackOverflow next-word prediction: LSTM units, 670 in the literature\'s model.',
+      check=sections.at_least(1))
+
+
+# The config section these settings form (flags, config.json keys: `--so_vocab_size`, ...).
+SECTION_NAME = 'task_options'
 # Where `load` generates the embedded dataset when no data directory is given.
-DEFAULT_EMBEDDED_DATA_DIR = os.path.join('data_cache', 'embedded')
+DEFAULT_EMBEDDED_DATA_DIR = task_registry.DEFAULT_EMBEDDED_DATA_DIR

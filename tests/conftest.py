@@ -10,6 +10,10 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import pytest  # noqa: E402
 
+# The repository's tasks, registered as the command lines register them (no TensorFlow): a test
+# that runs a registered task in this process finds it whichever files ran before it. That the
+# library works without them is tested in subprocesses (tests/test_config.py).
+import tasks  # noqa: E402,F401
 from tff_dp import runtime  # noqa: E402
 
 runtime.manage_workers()
@@ -37,8 +41,7 @@ def _stop_tff_workers_at_session_end():
 
 @pytest.fixture(scope='session')
 def tiny_tag_task(tmp_path_factory):
-  import tasks   # pylint: disable=g-import-not-at-top  (TensorFlow: only for tests that use it)
-  from tasks import synthetic_data   # pylint: disable=g-import-not-at-top
+  from tasks import synthetic_data   # pylint: disable=g-import-not-at-top  (imports TensorFlow)
   path = str(tmp_path_factory.mktemp('tiny_tag_cache'))
   synthetic_data.write_stackoverflow_cache(path, num_train_clients=6, examples_per_client=8,
                                            seed=1, vocab_size=200, num_tags=30, num_topics=5)

@@ -8,8 +8,10 @@ import sys
 
 import pytest
 
+import tasks  # noqa: F401  (registers the tasks and their settings section, as the CLI does)
 from run_helpers import script
 from run_helpers import script_env
+from tff_dp.training import sections
 
 
 def _run(args, cwd):
@@ -132,12 +134,14 @@ def test_help_lists_every_flag_grouped_by_section(tmp_path):
   code, out, _ = _run_main(['--helpshort'], tmp_path)
   assert code == 0 and 'tensorflow imported: False' in out
   headers = [l.split(':')[0] for l in out.splitlines() if l and not l.startswith(' ')
-             and l.split(':')[0] in config_lib.SECTIONS]
-  assert headers == list(config_lib.SECTIONS)   # Every section once, in declaration order.
+             and l.split(':')[0] in config_lib.all_sections()]
+  # Every section once, in declaration order; the tasks' own after `task`.
+  assert headers == list(config_lib.all_sections())
+  assert headers[:3] == ['task', 'task_options', 'sampling']
   blocks = dict(zip(headers, out.split('\n\n')[-len(headers):]))
   for section, fields in config_lib.fields_by_section().items():
     for field in fields:   # Each flag with its help, in its section's block.
-      name = config_lib.setting_name(field)
+      name = sections.setting_name(field)
       # absl wraps a long enum after the colon: a space or a newline follows it.
       assert re.search(rf'--(\[no\])?{name}:\s', blocks[section]), name
   for section, flag in [('task', '--task'), ('dp', '--clip'), ('dp', '--dp'),

@@ -22,6 +22,7 @@ import pytest
 
 from run_helpers import main_in_process
 from tff_dp.training import config as config_lib
+from tff_dp.training import sections
 
 # Bounded: every flag is its own test case with a few drawn values, so each run covers every
 # flag and the whole contract takes about half a minute of the suite.
@@ -45,8 +46,9 @@ def _failing(check, values):
 
 def _bad_setting_values(field):
   """Values a config field must refuse: from its type, its choices and its check."""
-  typ, _ = config_lib.base_type(field.type)
-  check, one_of = field.metadata.get('check'), field.metadata.get('one_of')
+  typ, _ = sections.base_type(field.type)
+  check = field.metadata.get('check')
+  one_of = field.metadata.get('one_of') or field.metadata.get('named_in')   # Both: flag enums.
   if one_of:
     return st.one_of(_JUNK, _WORD.filter(lambda s: s not in one_of))
   if typ is bool:
@@ -71,7 +73,7 @@ def _config_flags():
     for field in fields:
       bad = _bad_setting_values(field)
       if bad is not None:
-        found.append((config_lib.setting_name(field), bad))
+        found.append((sections.setting_name(field), bad))
   return found
 
 

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+import tasks
 from run_helpers import REPO
 from run_helpers import script_env
 from tff_dp import choices
@@ -17,6 +18,7 @@ from tff_dp import mechanisms
 from tff_dp.errors import UserInputError
 from tff_dp.training import config as config_lib
 from tff_dp.training import config_flags
+from tff_dp.training import preflight
 from tff_dp.training.config import ExperimentConfig
 
 
@@ -36,18 +38,19 @@ def test_flags_give_the_config_built_from_sections():
       '--clients_per_round=7', '--client_sampling=fixed_size', '--noprefetch_clients',
       '--paper_results=accuracy=0.5,epsilon=3', '--experiment_name=x'])
   assert cfg == ExperimentConfig(
-      task=config_lib.TaskConfig(name='stackoverflow_tag', so_vocab_size=300,
-                                 client_batch_size=8),
+      task=config_lib.TaskConfig(name='stackoverflow_tag', client_batch_size=8),
+      plug_ins={'task_options': tasks.TaskSettings(so_vocab_size=300)},
       dp=config_lib.DPConfig(kind='fixed', clip=2.0, noise_multiplier=0.5),
       accounting=config_lib.AccountingConfig(methods=('rdp',)),
       sampling=config_lib.SamplingConfig(clients_per_round=7, client_sampling='fixed_size'),
       runtime=config_lib.RuntimeConfig(prefetch_clients=False),
       paper=config_lib.PaperConfig(paper_results={'accuracy': 0.5, 'epsilon': 3.0}),
       output=config_lib.OutputConfig(experiment_name='x'))
-  assert cfg.task.task_options() == {'word_vocab_size': 300, 'tag_vocab_size': 500}
-  assert cfg.replace(task='stackoverflow_word').task.task_options() == {
+  assert cfg.plugin(tasks.TaskSettings).so_vocab_size == 300   # Typed, the tasks' own section.
+  assert cfg.task_options() == {'word_vocab_size': 300, 'tag_vocab_size': 500}
+  assert cfg.replace(task='stackoverflow_word').task_options() == {
       'vocab_size': 300, 'sequence_length': 20, 'embedding_size': 96, 'latent_size': 670}
-  assert cfg.replace(task='emnist', emnist_only_digits=True).task.task_options() == {
+  assert cfg.replace(task='emnist', emnist_only_digits=True).task_options() == {
       'only_digits': True}
 
 
@@ -91,8 +94,6 @@ def test_the_settings_a_resume_may_change_are_the_same_as_before():
     (dict(dp='none', noise_multiplier=1.0), '`noise_multiplier` needs DP'),
     (dict(dp='gaussian'), '`dp` must be one of none, fixed, adaptive, per_layer_adaptive, '
                           "joint, ftrl, ftrl_adaptive, blt or bandmf, got 'gaussian'"),
-    (dict(task='mnist'), "`task` must be one of emnist, stackoverflow_word or "
-                         "stackoverflow_tag, got 'mnist'"),
     (dict(dp='none', accounting=('rdp', 'rdp')), '`accounting` must be a non-empty list'),
     (dict(dp='none', max_epsilon=1.0), '`max_epsilon` needs DP'),
     (dict(dp='fixed', clip=1.0, noise_multiplier=1.0, weighting='num_examples'),
@@ -109,6 +110,41 @@ def test_bad_settings_are_refused_naming_the_setting(settings, message):
   with pytest.raises(UserInputError) as raised:
     ExperimentConfig.from_settings(settings)
   assert message in str(raised.value)
+
+
+def test_a_task_is_checked_against_the_registry_where_the_run_builds_it(tmp_path):
+  """The `task` setting names a registered task (the repository's, registered by importing
+  `tasks`); a config may be built first (or for a task object of the user's), so the name is
+  refused where the run builds the task: in the checks before anything is written, with the
+  registered tasks listed."""
+  cfg = ExperimentConfig.from_settings(task='mnist', dp='none', root_output_dir=str(tmp_path))
+  with pytest.raises(UserInputError, match="unknown `task` 'mnist': the registered tasks are "
+                     'emnist, stackoverflow_word or stackoverflow_tag'):
+    preflight.check(cfg)
+  with pytest.raises(UserInputError, match="unknown `task` 'mnist'"):
+    cfg.task_options()
+  assert os.listdir(tmp_path) == []
+
+
+def test_the_library_does_not_import_the_tasks():
+  """Issue 38.5: the library does not import the repository's `tasks` (a config built without
+  it has no task settings and knows no task; tests/test_architecture.py checks every module's
+  imports, function-level ones too, against the layers, where `tasks` sits above the library),
+  and `tasks` registers its tasks and typed settings when imported."""
+  code = ('import sys\n'
+          'from tff_dp.training import api, config, config_flags, preflight, task_registry\n'
+          'assert "tasks" not in sys.modules, "tasks imported"\n'
+          'cfg = config.ExperimentConfig.from_settings(dp="none")\n'
+          'assert cfg.plug_ins == {} and "so_vocab_size" not in cfg.settings()\n'
+          'assert not task_registry.is_registered("emnist")\n'
+          'import tasks\n'
+          'assert task_registry.is_registered("emnist")\n'
+          'cfg = config.ExperimentConfig.from_settings(dp="none", so_vocab_size=7)\n'
+          'print(cfg.plugin(tasks.TaskSettings).so_vocab_size)\n')
+  proc = subprocess.run([sys.executable, '-c', code], env=script_env(), cwd=REPO,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert proc.stdout.split() == ['7']
 
 
 def test_side_info_is_free_without_preconditioning_and_any_file_with_it():

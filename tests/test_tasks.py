@@ -202,16 +202,18 @@ def test_check_sqlite_file_accepts_generated(tmp_path):
 
 
 def test_registry_options_are_builder_keywords_and_config_settings():
-  """Each task's options (tasks.TASKS) are keywords of its builder and fields of TaskConfig."""
+  """Each task's options (tasks.TASKS) are keywords of its builder and settings of the tasks'
+  own config section (`tasks.TaskSettings`), and each is registered with the library."""
   import dataclasses  # pylint: disable=g-import-not-at-top
   import importlib  # pylint: disable=g-import-not-at-top
   import inspect  # pylint: disable=g-import-not-at-top
-  from tff_dp.training import config as config_lib  # pylint: disable=g-import-not-at-top
-  fields = {f.name for f in dataclasses.fields(config_lib.TaskConfig)}
+  from tff_dp.training import task_registry  # pylint: disable=g-import-not-at-top
+  fields = {f.name for f in dataclasses.fields(tasks.TaskSettings)}
   for name, spec in tasks.TASKS.items():
     builder = getattr(importlib.import_module(f'tasks.{spec.module}'), spec.builder)
     assert set(spec.options) <= set(inspect.signature(builder).parameters), name
     assert set(spec.options.values()) <= fields, name
+    assert task_registry.get(name).options == spec.options, name
 
 
 def test_load_builds_from_the_data_dir_or_the_embedded_dataset(cache, tmp_path):
@@ -438,16 +440,22 @@ def test_train_dataset_for_client_is_the_eager_pipeline(cache, name, options):
 
 
 def test_the_tasks_settings_are_declared_by_the_tasks_not_by_the_library():
-  """Issue 26.4: a task's options live with the task. `tasks.TASK_SETTINGS` declares each
-  setting once; the library's config gets a field per declaration and names none itself."""
+  """Issues 26.4 and 38.5: a task's options live with the task. `tasks.TaskSettings` declares
+  each setting once, as the tasks' own typed config section; the library names none of them,
+  and every declaration is some task's option."""
   import dataclasses  # pylint: disable=g-import-not-at-top
+  import glob  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  from run_helpers import REPO  # pylint: disable=g-import-not-at-top
   from tff_dp.training import config as config_lib  # pylint: disable=g-import-not-at-top
-  with open(config_lib.__file__) as f:
-    library = f.read()
-  fields = {f.name: f for f in dataclasses.fields(config_lib.TaskConfig)}
-  declared = {s.name for s in tasks.TASK_SETTINGS}
-  for s in tasks.TASK_SETTINGS:
-    assert s.name not in library, s.name
-    assert fields[s.name].default == s.default and fields[s.name].metadata['help'] == s.help
+  library = ''
+  for path in glob.glob(os.path.join(REPO, 'tff_dp', '**', '*.py'), recursive=True):
+    with open(path) as f:
+      library += f.read()
+  declared = {f.name for f in dataclasses.fields(tasks.TaskSettings)}
+  for name in declared:
+    assert name not in library, name
+  assert config_lib.all_sections()[tasks.SECTION_NAME] is tasks.TaskSettings
+  assert declared <= set(config_lib.ExperimentConfig.from_settings(dp='none').settings())
   used = {field for spec in tasks.TASKS.values() for field in spec.options.values()}
   assert used == declared   # Every option comes from a declaration, every declaration is used.

@@ -11,8 +11,11 @@ the field's flat name, so flag files keep working), the checks, the run's `confi
 resume may change (`RESUMABLE_SETTINGS`). A config is checked when it is built: a bad value
 raises `UserInputError` naming the setting (in backticks, as the library names parameters).
 
-Lists of allowed values come from their one home (`tff_dp.choices`, `tasks.TASKS`). This module
-imports no TensorFlow, so a command line is checked before TF is loaded.
+Plug-ins add sections of their own (`tff_dp.training.sections.register`: the repository's
+`tasks` declares its model and vocabulary settings so); their settings are flags and config.json
+keys like the others, and `plugin(cls)` reads one typed. Lists of allowed values come from their
+one home (`tff_dp.choices`, the mechanisms' and the tasks' registries). This module imports no
+TensorFlow, so a command line is checked before TF is loaded.
 """
 
 import dataclasses
@@ -20,10 +23,8 @@ import json
 import math
 import os
 import time
-import typing
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Mapping, Optional, TypeVar
 
-import tasks
 from tff_dp import adaptive_clipping
 from tff_dp import choices
 from tff_dp import mechanisms
@@ -32,121 +33,31 @@ from tff_dp import worker_addresses
 from tff_dp.accounting import accountant
 from tff_dp.accounting import noise_cohort
 from tff_dp.errors import UserInputError
+from tff_dp.training import sections
+from tff_dp.training import task_registry
+from tff_dp.training.sections import Section
+from tff_dp.training.sections import setting
+from tff_dp.training.sections import setting_name
 
 
-def setting(default: Any = dataclasses.MISSING,
-            help: str = '', *,  # pylint: disable=redefined-builtin
-            default_factory: Any = dataclasses.MISSING, flag: Optional[str] = None,
-            one_of: Optional[Mapping[str, str]] = None,
-            check: Optional[tuple[Callable[[Any], bool], str]] = None,
-            resumable: bool = False, path: bool = False):
-  """A config field: `help` (library style, parameters in backticks); `flag`: its setting
-  name when not the field's name; `one_of`: the allowed values (a `tff_dp.choices` registry);
-  `check`: (predicate, requirement) for a value that is set, e.g. (lambda v: v > 0,
-  'must be positive'); `resumable`: a resumed run may change it; `path`: a file system path
-  (the command line expands `~` in it)."""
-  metadata = dict(help=help, flag=flag, one_of=one_of, check=check, resumable=resumable,
-                  path=path)
-  if default_factory is not dataclasses.MISSING:
-    return dataclasses.field(default_factory=default_factory, metadata=metadata)
-  return dataclasses.field(default=default, metadata=metadata)
-
-
-def _at_least(low):
-  return (lambda v: v >= low), f'must be >= {low}'
-
-
-_POSITIVE = (lambda v: v > 0), 'must be positive'
-_NON_NEGATIVE = _at_least(0)
-
-
-def setting_name(field: dataclasses.Field) -> str:
-  """The flat name of a field: its flag, its key in config.json and in messages."""
-  return field.metadata.get('flag') or field.name
-
-
-def _describe(value) -> str:
-  return repr(value) if isinstance(value, str) else str(value)
-
-
-def base_type(annotation):
-  """(type without Optional, whether None is allowed)."""
-  args = typing.get_args(annotation)
-  if typing.get_origin(annotation) is typing.Union and type(None) in args:
-    return next(a for a in args if a is not type(None)), True
-  return annotation, False
-
-
-def _checked_value(name: str, value, annotation):
-  """`value` as the field's type (an int for a float field becomes a float, a list for a tuple
-  field a tuple), or UserInputError naming the setting."""
-  base, optional = base_type(annotation)
-  if value is None:
-    if optional:
-      return None
-    raise UserInputError(f'`{name}` must be set')
-  number = isinstance(value, (int, float)) and not isinstance(value, bool)
-  if base is float:
-    if not (number and math.isfinite(value)):
-      raise UserInputError(f'`{name}` must be a finite number, got {value!r}')
-    return float(value)
-  if base is int:
-    if not (isinstance(value, int) and not isinstance(value, bool)):
-      raise UserInputError(f'`{name}` must be an integer, got {value!r}')
-    return value
-  if base is bool:
-    if not isinstance(value, bool):
-      raise UserInputError(f'`{name}` must be true or false, got {value!r}')
-    return value
-  if base is str:
-    if not isinstance(value, str):
-      raise UserInputError(f'`{name}` must be a string, got {value!r}')
-    return value
-  if typing.get_origin(base) is tuple:
-    if isinstance(value, str) or not isinstance(value, (list, tuple)):
-      raise UserInputError(f'`{name}` must be a list, got {value!r}')
-    return tuple(value)
-  if typing.get_origin(base) is dict or base is dict:
-    if not isinstance(value, Mapping):
-      raise UserInputError(f'`{name}` must be a mapping, got {value!r}')
-    return dict(value)
-  raise TypeError(f'config field `{name}` has an unsupported type {annotation}')
+_at_least = sections.at_least
+_POSITIVE = sections.POSITIVE
+_NON_NEGATIVE = sections.NON_NEGATIVE
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Section:
-  """A group of settings; checks each field when built, then the section's own rules."""
-
-  def __post_init__(self):
-    hints = typing.get_type_hints(type(self))
-    for field in dataclasses.fields(self):
-      name = setting_name(field)
-      value = _checked_value(name, getattr(self, field.name), hints[field.name])
-      object.__setattr__(self, field.name, value)
-      allowed, check = field.metadata.get('one_of'), field.metadata.get('check')
-      if allowed is not None and value is not None and value not in allowed:
-        raise UserInputError(f'`{name}` must be one of {choices.one_of(allowed)}, got '
-                             f'{_describe(value)}')
-      if check is not None and value is not None and not check[0](value):
-        raise UserInputError(f'`{name}` {check[1]}, got {_describe(value)}')
-    self._check()
-
-  def _check(self) -> None:
-    """Rules between this section's fields (UserInputError)."""
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _TaskConfigBase(Section):
-  """The settings every task has (`TaskConfig` adds those the tasks declare)."""
-  name: str = setting('emnist', 'Task to train.', flag='task',
-                      one_of={name: spec.help for name, spec in tasks.TASKS.items()})
+class TaskConfig(Section):
+  """Task and data: which task, where its data is, how each client's data is batched."""
+  name: str = setting('emnist', 'Task to train: a registered task (the command line registers '
+                      'the repository\'s; checked when the run builds it).',
+                      flag='task', named_in=task_registry.CHOICES)
   data_dir: Optional[str] = setting(
       None, 'TFF dataset cache directory (holding e.g. emnist_all.sqlite or '
       'stackoverflow.sqlite, as written by tff.simulation.datasets.*.load_data). Unset: use '
       'the embedded synthetic dataset (generated deterministically into `embedded_data_dir`; '
       'no download).', path=True)
   embedded_data_dir: str = setting(
-      tasks.DEFAULT_EMBEDDED_DATA_DIR,
+      task_registry.DEFAULT_EMBEDDED_DATA_DIR,
       'Where the embedded default dataset is generated when `data_dir` is unset.', path=True)
   client_batch_size: int = setting(20, 'Local batch size.', check=_at_least(1))
   client_epochs_per_round: int = setting(
@@ -158,27 +69,6 @@ class _TaskConfigBase(Section):
       None, 'Train on only the first N training clients in the dataset\'s client order (e.g. '
       'the 400-client StackOverflow subset of the AdaDPS federated experiment); unset: all '
       'clients.', check=(lambda v: v >= 1, 'must be >= 1 when set'))
-
-  def task_options(self) -> dict[str, Any]:
-    """The task builder's own options (`tasks.build_task(**options)`) for this task, from the
-    settings its registry entry names (`tasks.TASKS[name].options`)."""
-    return {option: getattr(self, field)
-            for option, field in tasks.TASKS[self.name].options.items()}
-
-
-def _task_setting_field(declared: tasks.TaskSetting) -> tuple:
-  check = _at_least(declared.minimum) if declared.minimum is not None else None
-  return (declared.name, declared.type, setting(declared.default, declared.help, check=check))
-
-
-# The tasks' own settings live with the tasks (`tasks.TASK_SETTINGS`); the task section gets
-# one field per declaration, so the flags, config.json and resume checks see them as any other.
-TaskConfig = dataclasses.make_dataclass(
-    'TaskConfig', [_task_setting_field(d) for d in tasks.TASK_SETTINGS],
-    bases=(_TaskConfigBase,), frozen=True, kw_only=True, namespace={
-        '__module__': __name__,
-        '__doc__': 'Task and data: which task, where its data is, how each client\'s data is '
-                   'batched, and the settings the tasks declare.'})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -553,6 +443,17 @@ SECTIONS = {
     'runtime': RuntimeConfig,
     'output': OutputConfig, 'paper': PaperConfig,
 }
+sections.reserve({**SECTIONS, 'plug_ins': Section})
+
+
+def all_sections() -> dict[str, type[Section]]:
+  """The library's sections and the registered plug-in ones (`sections.register`), in the
+  order the help shows them: the plug-ins' after `task`, whose settings they usually extend."""
+  names = list(SECTIONS)
+  return {**{n: SECTIONS[n] for n in names[:1]}, **sections.plug_ins(),
+          **{n: SECTIONS[n] for n in names[1:]}}
+
+_PlugIn = TypeVar('_PlugIn', bound=Section)
 
 
 def _section(cls):
@@ -578,12 +479,39 @@ class ExperimentConfig:
   runtime: RuntimeConfig = _section(RuntimeConfig)
   output: OutputConfig = _section(OutputConfig)
   paper: PaperConfig = _section(PaperConfig)
+  # The registered plug-ins' sections by name (`sections.register`; the defaults of those not
+  # given); read one typed with `plugin(cls)`.
+  plug_ins: Mapping[str, Section] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     for name, cls in SECTIONS.items():
       if not isinstance(getattr(self, name), cls):
         raise UserInputError(f'`{name}` must be a {cls.__name__}, got {getattr(self, name)!r}')
+    registered = sections.plug_ins()
+    for name, section in self.plug_ins.items():
+      if name not in registered or not isinstance(section, registered[name]):
+        raise UserInputError(f'`plug_ins`: {name!r} is not a registered section, or '
+                             f'{section!r} is not its class')
+    object.__setattr__(self, 'plug_ins', {name: self.plug_ins.get(name) or cls()
+                                          for name, cls in registered.items()})
     self.validate()
+
+  def plugin(self, cls: type[_PlugIn]) -> _PlugIn:
+    """This config's section of the plug-in class `cls` (its defaults if `cls` registered after
+    this config was built); KeyError if `cls` is not registered."""
+    for section in self.plug_ins.values():
+      if type(section) is cls:  # pylint: disable=unidiomatic-typecheck
+        return section
+    if cls in sections.plug_ins().values():
+      return cls()
+    raise KeyError(f'{cls.__name__} is not a registered config section')
+
+  def task_options(self) -> dict[str, Any]:
+    """The registered task's own builder options, from the settings its entry names
+    (`task_registry.RegisteredTask.options`); UserInputError if the task is not registered."""
+    settings = self.settings()
+    return {option: settings[name]
+            for option, name in task_registry.get(self.task.name).options.items()}
 
   def validate(self) -> None:
     """Raises UserInputError for settings that contradict each other across sections (each
@@ -666,20 +594,24 @@ class ExperimentConfig:
     """The config with these flat settings (setting names as the flags and config.json name
     them) and defaults elsewhere; UserInputError for an unknown name."""
     values = dict(settings or {}, **more)
-    unknown = sorted(set(values) - set(_FIELDS))
+    fields = _fields()
+    unknown = sorted(set(values) - set(fields))
     if unknown:
       raise UserInputError(f'unknown setting(s) {", ".join(f"`{n}`" for n in unknown)}')
-    sections = {}
-    for section_name, section_cls in SECTIONS.items():
-      sections[section_name] = section_cls(**{
-          field: values[name] for name, (section, field) in _FIELDS.items()
+    built = {}
+    for section_name, section_cls in all_sections().items():
+      built[section_name] = section_cls(**{
+          field: values[name] for name, (section, field) in fields.items()
           if section == section_name and name in values})
-    return cls(**sections)
+    return cls(**{name: built.pop(name) for name in SECTIONS}, plug_ins=built)
 
   def settings(self) -> dict[str, Any]:
     """Every setting by its flat name (what config.json records)."""
-    return {name: getattr(getattr(self, section), field)
-            for name, (section, field) in _FIELDS.items()}
+    return {name: getattr(self._section(section), field)
+            for name, (section, field) in _fields().items()}
+
+  def _section(self, name: str) -> Section:
+    return getattr(self, name) if name in SECTIONS else self.plugin(all_sections()[name])
 
   def replace(self, **settings: Any) -> 'ExperimentConfig':
     """A copy with these flat settings changed (checked as a whole)."""
@@ -702,11 +634,6 @@ class ExperimentConfig:
                                          f'{time.strftime("%Y%m%d-%H%M%S")}'))
 
 
-def is_registered_task(name: str) -> bool:
-  """Whether `name` is one of the registered tasks (`tasks.TASKS`) a run builds itself."""
-  return name in tasks.TASKS
-
-
 def recorded_settings(run_path: str) -> dict[str, Any]:
   """What RUN_PATH/config.json recorded ({} if the run has none yet): the one reader of the
   file (`run_dir.RunDirectory.write_config` writes it)."""
@@ -724,17 +651,20 @@ def resumed(recorded: Mapping[str, Any], given: Mapping[str, Any]) -> 'Experimen
   """The config of a resumed run: the `recorded` settings (config.json), with `given` ones on
   top (a resume may change only `RESUMABLE_SETTINGS`; `tff_dp.training.experiment` refuses the
   rest), so that resuming needs only where the run is."""
-  settings = {k: v for k, v in recorded.items() if k in _FIELDS}
+  fields = _fields()
+  settings = {k: v for k, v in recorded.items() if k in fields}
   settings.update(given)
   return ExperimentConfig.from_settings(settings, resume=True)
 
 
-# Flat setting name -> (section, field name), in section order.
-_FIELDS = {setting_name(f): (section, f.name)
-           for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+def _fields() -> dict[str, tuple[str, str]]:
+  """Flat setting name -> (section, field name), in section order (plug-ins included)."""
+  return {setting_name(f): (section, f.name)
+          for section, cls in all_sections().items() for f in dataclasses.fields(cls)}
+
 
 # Settings a resumed run may change (cadence, stopping, reporting, execution and the paper
-# notes); any other change would make the resumed run a different mechanism, model or data
+# notes; never a plug-in's: `sections.register`); any other change would make the resumed run a different mechanism, model or data
 # than the one the ledger and checkpoints describe, and is refused. loop_implementation and
 # datasets_on_workers are execution: how and where TFF runs the same client SGD steps.
 RESUMABLE_SETTINGS = tuple(setting_name(f) for cls in SECTIONS.values()
@@ -742,5 +672,5 @@ RESUMABLE_SETTINGS = tuple(setting_name(f) for cls in SECTIONS.values()
 
 
 def fields_by_section() -> dict[str, list[dataclasses.Field]]:
-  """{section name: its fields}, in declaration order (for flags and help)."""
-  return {name: list(dataclasses.fields(cls)) for name, cls in SECTIONS.items()}
+  """{section name: its fields}, in declaration order, plug-ins included (flags and help)."""
+  return {name: list(dataclasses.fields(cls)) for name, cls in all_sections().items()}

@@ -11,7 +11,7 @@ Imports no TensorFlow: `parse` reports a bad command line before TF is loaded.
 import dataclasses
 import os
 import typing
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from absl import flags
 
@@ -19,6 +19,7 @@ from tff_dp import choices
 from tff_dp import cli_flags
 from tff_dp import errors
 from tff_dp.training import config as config_lib
+from tff_dp.training import sections
 
 
 def _parse_key_values(items: Sequence[str]) -> dict[str, float]:
@@ -36,9 +37,16 @@ def _parse_key_values(items: Sequence[str]) -> dict[str, float]:
   return results
 
 
+def _choices(field) -> Optional[Mapping[str, str]]:
+  """The flag's choices: the field's allowed values, or the registry it names a member of."""
+  metadata = field.metadata
+  return metadata.get('one_of') if metadata.get('one_of') is not None else metadata.get(
+      'named_in')
+
+
 def _flag_help(field) -> str:
   text = field.metadata['help']
-  allowed = field.metadata.get('one_of')
+  allowed = _choices(field)
   if isinstance(allowed, Mapping):
     text += f' One of: {choices.describe(allowed)}.'
   return text
@@ -47,15 +55,15 @@ def _flag_help(field) -> str:
 def define_flags(flag_values: flags.FlagValues) -> flags.FlagValues:
   """Defines one flag per config field in `flag_values` (grouped by section); returns it."""
   for section, fields in config_lib.fields_by_section().items():
-    hints = typing.get_type_hints(config_lib.SECTIONS[section])
+    hints = typing.get_type_hints(config_lib.all_sections()[section])
     for field in fields:
-      name = config_lib.setting_name(field)
-      base, _ = config_lib.base_type(hints[field.name])
+      name = sections.setting_name(field)
+      base, _ = sections.base_type(hints[field.name])
       default = (field.default if field.default is not dataclasses.MISSING
                  else field.default_factory())
       common = dict(flag_values=flag_values, module_name=section)
       text = _flag_help(field)
-      allowed = field.metadata.get('one_of')
+      allowed = _choices(field)
       if allowed is not None:
         flags.DEFINE_enum(name, default, list(allowed), text, **common)
       elif base is bool:
@@ -87,9 +95,9 @@ def _settings(flag_values: flags.FlagValues) -> dict[str, Any]:
   """{setting: value} of the parsed flags (paths expanded, paper results parsed)."""
   values: dict[str, Any] = {}
   for section, fields in config_lib.fields_by_section().items():
-    hints = typing.get_type_hints(config_lib.SECTIONS[section])
+    hints = typing.get_type_hints(config_lib.all_sections()[section])
     for field in fields:
-      name = config_lib.setting_name(field)
+      name = sections.setting_name(field)
       value = flag_values[name].value
       if typing.get_origin(hints[field.name]) is dict:   # paper_results
         value = _parse_key_values(value)
@@ -134,7 +142,7 @@ def parse(argv: Sequence[str]) -> config_lib.ExperimentConfig:
 def help_text(flag_values: flags.FlagValues) -> str:
   """Every flag with its help and default, grouped by config section in declaration order."""
   blocks = []
-  for section, cls in config_lib.SECTIONS.items():
+  for section, cls in config_lib.all_sections().items():
     title = (cls.__doc__ or '').strip().splitlines()[0]
     body = flag_values.module_help(section).strip('\n')
     blocks.append(f'{section}: {title}\n' + '\n'.join(body.splitlines()[1:]))
@@ -145,20 +153,20 @@ def markdown_reference() -> str:
   """docs/FLAGS.md: every setting (flag, default, help), by section, from the config's fields
   (tests/test_config.py checks the file equals this, so it never goes stale)."""
   lines = ['# Flags of `run_experiment.py` (settings of `tff_dp.ExperimentConfig`)', '',
-           'Generated from `tff_dp/training/config.py` by',
-           '`python -c "from tff_dp.training import config_flags; '
-           'print(config_flags.markdown_reference(), end=\'\')" > docs/FLAGS.md`.',
+           'Generated from `tff_dp/training/config.py` and the sections the repository\'s',
+           '`tasks` registers by `python -c "import tasks; from tff_dp.training import '
+           'config_flags; print(config_flags.markdown_reference(), end=\'\')" > docs/FLAGS.md`.',
            'Each flag is also a keyword of `ExperimentConfig.from_settings` and a key of a run\'s',
            'config.json; "resume" marks the settings a resumed run may change.', '']
   for section, fields in config_lib.fields_by_section().items():
-    title = (config_lib.SECTIONS[section].__doc__ or '').strip().splitlines()[0]
+    title = (config_lib.all_sections()[section].__doc__ or '').strip().splitlines()[0]
     lines += [f'## {section}: {title}', '', '| flag | default | resume | meaning |',
               '| --- | --- | --- | --- |']
     for field in fields:
       default = (field.default if field.default is not dataclasses.MISSING
                  else field.default_factory())
       text = ' '.join(_flag_help(field).split()).replace('|', '\\|')
-      lines.append(f'| `--{config_lib.setting_name(field)}` | `{default!r}` | '
+      lines.append(f'| `--{sections.setting_name(field)}` | `{default!r}` | '
                    f'{"yes" if field.metadata.get("resumable") else ""} | {text} |')
     lines.append('')
   return '\n'.join(lines)

@@ -12,22 +12,24 @@ import json
 import os
 from typing import Any, Optional
 
-import tasks
 from tff_dp import ledger as ledger_lib
 from tff_dp import mechanisms
 from tff_dp import run_format
 from tff_dp.errors import UserInputError
 from tff_dp.training import config as config_lib
+from tff_dp.training import task_registry
 from tff_dp.training.config import ExperimentConfig
 
 LOCK_FILE = '.lock'
 
 
 def check(cfg: ExperimentConfig) -> None:
-  """Raises UserInputError for the first refusal `cfg` meets (module docstring)."""
+  """Raises UserInputError for the first refusal `cfg` meets (module docstring), for a run that
+  builds the registered task `cfg.task` names."""
   cfg.validate()
-  if cfg.task.data_dir is not None:
-    tasks.check_data(cfg.task.name, cfg.task.data_dir, **cfg.task.task_options())
+  task = task_registry.get(cfg.task.name)
+  if cfg.task.data_dir is not None and task.check_data is not None:
+    task.check_data(cfg.task.data_dir, **cfg.task_options())
   if cfg.output.experiment_name is None:   # A new, timestamped name: only the root matters.
     check_writable(cfg.output.root_output_dir)
     return
@@ -100,7 +102,7 @@ def settings_to_record(cfg: ExperimentConfig, task_name: str) -> dict[str, Any]:
   """The settings config.json records: every setting; `task` is the `task` setting for a
   registered task, and a user's own task object's name otherwise."""
   settings = cfg.settings()
-  if not config_lib.is_registered_task(task_name):
+  if not task_registry.is_registered(task_name):
     settings['task'] = task_name
   return settings
 

@@ -10,7 +10,6 @@ from typing import Optional
 from absl import logging
 import tensorflow as tf
 
-import tasks
 from tff_dp import distributed
 from tff_dp import worker_addresses
 from tff_dp import runtime
@@ -18,6 +17,7 @@ from tff_dp.training import components
 from tff_dp.training import experiment
 from tff_dp.training import stop_signal
 from tff_dp.training import task_protocol
+from tff_dp.training import task_registry
 from tff_dp.training.config import ExperimentConfig
 
 
@@ -47,11 +47,11 @@ def configure_execution(cfg: ExperimentConfig) -> None:
 def load_task(cfg: ExperimentConfig):
   """The task `cfg.task` describes, from its data directory or the embedded dataset."""
   t = cfg.task
-  return tasks.load(t.name, t.data_dir, embedded_data_dir=t.embedded_data_dir,
-                    client_batch_size=t.client_batch_size,
-                    client_epochs=t.client_epochs_per_round,
-                    max_elements_per_client=t.max_elements_per_client,
-                    shuffle_seed=cfg.training.seed, **t.task_options())
+  return task_registry.get(t.name).build(
+      t.data_dir, embedded_data_dir=t.embedded_data_dir, client_batch_size=t.client_batch_size,
+      client_epochs=t.client_epochs_per_round,
+      max_elements_per_client=t.max_elements_per_client, shuffle_seed=cfg.training.seed,
+      **cfg.task_options())
 
 
 @contextlib.contextmanager

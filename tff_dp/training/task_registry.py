@@ -1,0 +1,80 @@
+"""The tasks `tff_dp.run` builds by name (the `task` setting): registered by the packages that
+define them, never imported by the library.
+
+The repository's `tasks` package registers EMNIST and the StackOverflow tasks when it is
+imported (the command line imports it); a user's package registers its own the same way, or
+passes a task object to `tff_dp.run` (`task_protocol`). Pure Python (no TensorFlow).
+"""
+
+import collections.abc
+import dataclasses
+import os
+from typing import Any, Callable, Iterator, Mapping, Optional
+
+from tff_dp import choices
+from tff_dp.errors import UserInputError
+
+# Where a registered task's embedded dataset is generated when no data directory is given (the
+# `embedded_data_dir` setting's default).
+DEFAULT_EMBEDDED_DATA_DIR = os.path.join('data_cache', 'embedded')
+
+
+@dataclasses.dataclass(frozen=True)
+class RegisteredTask:
+  """A task the run builds from its settings.
+
+  `build(data_dir, *, embedded_data_dir, client_batch_size, client_epochs,
+  max_elements_per_client, shuffle_seed, **options)` returns a task (`task_protocol`) from the
+  TFF cache in `data_dir`, or from an embedded dataset in `embedded_data_dir` when `data_dir`
+  is None. `check_data(data_dir, **options)` refuses (UserInputError) a data directory the task
+  cannot read, without TensorFlow, so the command line refuses it before anything is written.
+  `options` maps each of the builder's own keywords to the flat setting that gives it (a
+  setting of a plug-in section, `tff_dp.training.sections.register`).
+  """
+  help: str
+  build: Callable[..., Any]
+  check_data: Optional[Callable[..., None]] = None
+  options: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+_TASKS: dict[str, RegisteredTask] = {}
+
+
+class _Choices(collections.abc.Mapping):
+  """The `task` setting's choices, name -> meaning (a live view of the registry)."""
+
+  def __getitem__(self, name: str) -> str:
+    return _TASKS[name].help
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(_TASKS)
+
+  def __len__(self) -> int:
+    return len(_TASKS)
+
+
+CHOICES = _Choices()
+
+
+def register(name: str, task: RegisteredTask) -> None:
+  """Makes `name` a choice of the `task` setting, built by `task`; ValueError if another task
+  has the name (registering the same entry again does nothing: a re-imported package)."""
+  if _TASKS.get(name, task) != task:
+    raise ValueError(f'a task named {name!r} is registered already')
+  _TASKS[name] = task
+
+
+def get(name: str) -> RegisteredTask:
+  """The registered task `name`; UserInputError naming the registered ones otherwise."""
+  if name not in _TASKS:
+    known = (f'the registered tasks are {choices.one_of(_TASKS)}' if _TASKS else
+             'no task is registered (import the package that registers it, such as the '
+             'repository\'s `tasks`)')
+    raise UserInputError(f'unknown `task` {name!r}: {known}; a task object given to the run '
+                         'needs no registration')
+  return _TASKS[name]
+
+
+def is_registered(name: str) -> bool:
+  """Whether the run builds task `name` itself (else the task is a user's object)."""
+  return name in _TASKS
