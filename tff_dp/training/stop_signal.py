@@ -21,8 +21,15 @@ class StopSignal:
 
   SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-  def __init__(self, log: Callable[[str], None] = print):
+  def __init__(self, log: Callable[[str], None] = print, *,
+               abort_start_up: Optional[Callable[[int], None]] = None):
+    """`abort_start_up(signum)`: what a second signal does while nothing of the run is written
+    (no run directory, no round), before the KeyboardInterrupt (SIGINT) or SystemExit it
+    otherwise raises: a command line ends its process there, since that second signal usually
+    lands inside TensorFlow's import, which can swallow a KeyboardInterrupt and start up for
+    seconds more. None (a library caller): only the exception."""
     self.received: Optional[int] = None
+    self._abort_start_up = abort_start_up
     self.rounds_started = False   # Set by the round loop: what a stop means changes then.
     # Set once the run directory is written (before round 1): a stop then leaves it behind.
     self.run_dir: Optional[str] = None
@@ -45,6 +52,8 @@ class StopSignal:
       # TFF's worker has its own process group, so the signal did not reach it: stop it here,
       # or exiting would wait for the round it computes (TFF's thread is not a daemon).
       runtime.shutdown_workers()
+      if self.run_dir is None and not self.rounds_started and self._abort_start_up:
+        self._abort_start_up(signum)
       if signum == signal.SIGINT:
         raise KeyboardInterrupt
       raise SystemExit(128 + signum)
