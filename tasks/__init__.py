@@ -14,13 +14,12 @@ import os
 from typing import Optional
 
 from tasks.registry import DEFAULT_EMBEDDED_DATA_DIR
-from tasks.registry import SECTION_NAME
 from tasks.registry import TASK_NAMES
 from tasks.registry import TASKS
 from tasks.registry import TaskSettings
 from tasks.registry import TaskSpec
 from tff_dp.errors import UserInputError
-from tff_dp.training import sections
+from tff_dp import sections
 from tff_dp.training import task_registry
 
 __all__ = ['TASKS', 'TASK_NAMES', 'TaskSettings', 'TaskSpec', 'DEFAULT_EMBEDDED_DATA_DIR',
@@ -92,7 +91,7 @@ def load(name: str, data_dir: Optional[str] = None, *,
 
 def _register() -> None:
   """Registers `TaskSettings` and each task of `TASKS` with the library."""
-  sections.register(SECTION_NAME, TaskSettings)
+  sections.register(TaskSettings)
   for name, spec in TASKS.items():
     task_registry.register(name, task_registry.RegisteredTask(
         help=spec.help, build=functools.partial(load, name),

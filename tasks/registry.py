@@ -7,7 +7,7 @@ Pure Python (no TensorFlow), so that a configuration is checked against it befor
 import dataclasses
 from typing import Mapping
 
-from tff_dp.training import sections
+from tff_dp import sections
 from tff_dp.training import task_registry
 
 
@@ -42,6 +42,8 @@ TASK_NAMES = tuple(TASKS)
 class TaskSettings(sections.Section):
   """Settings of the repository's tasks: the EMNIST classes, the StackOverflow vocabularies and
   model sizes (each task's builder options name the ones it takes, `TASKS[name].options`)."""
+  SECTION = 'task_options'   # Its group of flags, after the `task` section.
+  FOLLOWS = 'task'
   emnist_only_digits: bool = sections.setting(
       False, 'EMNIST: 10 digit classes instead of all 62 characters.')
   so_vocab_size: int = sections.setting(
@@ -61,7 +63,5 @@ class TaskSettings(sections.Section):
       check=sections.at_least(1))
 
 
-# The config section these settings form (flags, config.json keys: `--so_vocab_size`, ...).
-SECTION_NAME = 'task_options'
 # Where `load` generates the embedded dataset when no data directory is given.
 DEFAULT_EMBEDDED_DATA_DIR = task_registry.DEFAULT_EMBEDDED_DATA_DIR

@@ -11,7 +11,7 @@ import pytest
 import tasks  # noqa: F401  (registers the tasks and their settings section, as the CLI does)
 from run_helpers import script
 from run_helpers import script_env
-from tff_dp.training import sections
+from tff_dp import sections
 
 
 def _run(args, cwd):

@@ -22,7 +22,7 @@ import pytest
 
 from run_helpers import main_in_process
 from tff_dp.training import config as config_lib
-from tff_dp.training import sections
+from tff_dp import sections
 
 # Bounded: every flag is its own test case with a few drawn values, so each run covers every
 # flag and the whole contract takes about half a minute of the suite.

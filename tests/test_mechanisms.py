@@ -5,9 +5,12 @@ registers, runs, is accounted and stated without a package file changing."""
 
 import ast
 import collections
+import dataclasses
+import importlib
 import json
 import os
 import pathlib
+import re
 
 import dp_accounting
 import numpy as np
@@ -21,6 +24,8 @@ from tff_dp import ledger as ledger_lib
 from tff_dp import mechanisms
 from tff_dp.accounting import claims
 from tff_dp.errors import UserInputError
+from tff_dp.training import config as config_lib
+from tff_dp.training import config_flags
 
 BUILT_IN = frozenset(mechanisms.MECHANISMS)
 
@@ -155,6 +160,42 @@ def test_a_mechanism_defined_here_runs_is_accounted_and_stated(toy_mechanism, ta
   assert statement['proof'] == claims.claim('independent', 'poisson').proof
   assert TOY in statement['mechanism']
   assert os.path.exists(run_dir / 'plots' / 'epsilon_vs_round.png')
+
+
+def _documented_mechanism_files() -> dict[str, str]:
+  """{file: what it holds} of docs/ARCHITECTURE.md's `mechanism-files` block ("Adding a
+  feature"): the files a new mechanism takes."""
+  text = (pathlib.Path(REPO) / 'docs' / 'ARCHITECTURE.md').read_text()
+  block = re.search(r'```mechanism-files\n(.*?)```', text, re.S).group(1)
+  return dict(line.split(None, 1) for line in block.strip().splitlines())
+
+
+def test_the_documented_files_of_a_mechanism_are_what_each_mechanism_takes():
+  """Issue 38.7: the "add a mechanism" list is the module and its registry line, its
+  declaration names every field of `Mechanism`, and every built-in mechanism is such a module:
+  its MECHANISM, under its own name, in the registry; and nothing else lives beside them."""
+  files = _documented_mechanism_files()
+  assert list(files) == ['tff_dp/mechanisms/<name>.py', 'tff_dp/mechanisms/__init__.py']
+  declared = re.search(r'Mechanism\((.*)\)', files['tff_dp/mechanisms/<name>.py']).group(1)
+  assert declared.split(', ') == [f.name for f in dataclasses.fields(mechanisms.Mechanism)]
+  modules = {p.stem for p in (pathlib.Path(REPO) / 'tff_dp' / 'mechanisms').glob('*.py')}
+  assert modules - {'__init__', 'base'} == set(BUILT_IN)
+  for name in BUILT_IN:
+    assert importlib.import_module(f'tff_dp.mechanisms.{name}').MECHANISM is (
+        mechanisms.MECHANISMS[name])
+
+
+def test_a_mechanism_declared_with_the_documented_fields_is_a_choice_everywhere(toy_mechanism):
+  """The toy mechanism of this file (declared with the documented fields, registered here, no
+  package file changed) is a choice of the `dp` setting, of its flag and of the claim table,
+  with the claims its noise and samplers give it, and nothing else."""
+  assert TOY in mechanisms.DP_KINDS
+  assert TOY in config_flags.new_flag_values()['dp'].parser.enum_values
+  cfg = config_lib.ExperimentConfig.from_settings(dp=TOY, clip=0.5, noise_multiplier=1.0)
+  assert cfg.dp.kind == TOY and cfg.rounds_per_checkpoint == 10   # Independent noise's.
+  assert mechanisms.claim(TOY, 'poisson') == claims.claim('independent', 'poisson')
+  with pytest.raises(UserInputError, match='has a proof for fixed'):
+    mechanisms.claim(TOY, 'fixed_size')   # Proven for `fixed`, but the toy does not list it.
 
 
 TOY_CORRELATED = 'toy_two_coefficients'

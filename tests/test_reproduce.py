@@ -126,7 +126,8 @@ def test_dpftrl_mechanism_arms_are_calibrated_to_the_tables_epsilon(arm):
     for start in range(0, n, epoch):
       acc.compose(dp_accounting.SingleEpochTreeAggregationDpEvent(z, min(epoch, n - start)))
   elif cfg.sampling.client_sampling == 'cyclic_poisson':
-    acc.compose(sampled(m * cfg.dp.bands / population), math.ceil(n / cfg.dp.bands))
+    bands = cfg.mechanism_settings()['bands']
+    acc.compose(sampled(m * bands / population), math.ceil(n / bands))
   else:
     assert cfg.sampling.client_sampling == 'min_separation'
     acc.compose(dp_accounting.GaussianDpEvent(z))

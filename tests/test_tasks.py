@@ -455,7 +455,7 @@ def test_the_tasks_settings_are_declared_by_the_tasks_not_by_the_library():
   declared = {f.name for f in dataclasses.fields(tasks.TaskSettings)}
   for name in declared:
     assert name not in library, name
-  assert config_lib.all_sections()[tasks.SECTION_NAME] is tasks.TaskSettings
+  assert config_lib.all_sections()[tasks.TaskSettings.SECTION] is tasks.TaskSettings
   assert declared <= set(config_lib.ExperimentConfig.from_settings(dp='none').settings())
   used = {field for spec in tasks.TASKS.values() for field in spec.options.values()}
   assert used == declared   # Every option comes from a declaration, every declaration is used.

@@ -16,6 +16,7 @@ from typing import Iterator, Optional
 from tff_dp import choices
 from tff_dp import errors
 from tff_dp import noise_budget
+from tff_dp import sections
 from tff_dp.accounting import claims
 from tff_dp.adaptive_clipping import AdaptiveClipping
 from tff_dp.mechanisms import adaptive
@@ -58,11 +59,23 @@ class _DpKinds(collections.abc.Mapping):
 DP_KINDS = _DpKinds()
 
 
+def _register_settings(mechanism: Mechanism) -> None:
+  # Its settings' sections become config sections (flags, config.json keys); a section other
+  # mechanisms list too is registered once.
+  for section in mechanism.settings:
+    sections.register(section)
+
+
+for _mechanism in MECHANISMS.values():
+  _register_settings(_mechanism)
+
+
 def register(mechanism: Mechanism) -> None:
   """Makes `mechanism` a choice of the `dp` setting (its samplers' proofs were checked when it
-  was built); ValueError if the name is taken."""
+  was built), and its settings' sections config sections; ValueError if the name is taken."""
   if mechanism.name in DP_KINDS:
     raise ValueError(f'a mechanism named {mechanism.name!r} is registered already')
+  _register_settings(mechanism)
   MECHANISMS[mechanism.name] = mechanism
 
 

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any, Callable, Optional
 
 from tff_dp import errors
+from tff_dp import sections
 from tff_dp.accounting import claims
 from tff_dp.accounting import correlated
 
@@ -35,8 +36,9 @@ class Mechanism:
     factory itself).
   adapts_clip: whether it adapts a clip with noised clipped-count queries (whose noise is part
     of the round's budget, `tff_dp.noise_budget.update_noise_multiplier`).
-  settings: the settings of a run's `dp` section only it (with others that list them) takes.
-  check: rules between its settings, given the run's `dp` section (UserInputError).
+  settings: the config sections of its own settings (`tff_dp.sections.Section` classes, each
+    with its checks; others may list the same section): registered with the mechanism, they
+    are flags and config.json keys, refused with a mechanism that does not list them.
   strategy_coefs: correlated noise only: (rounds, min_separation, max_participations, bands,
     max_buffers) -> (Toeplitz coefficients, their parameters: a BLT's `buf_decay` and
     `output_scale`, a banded strategy's `bands`, or {} for any other strategy, whose
@@ -50,7 +52,6 @@ class Mechanism:
   extra_arguments: Optional[tuple] = ()
   adapts_clip: bool = False
   settings: tuple = ()
-  check: Optional[Callable[[Any], None]] = None
   strategy_coefs: Optional[Callable[..., tuple]] = None
 
   def __post_init__(self):
@@ -66,6 +67,11 @@ class Mechanism:
                        'strategy')
     if self.build_factory is None and self.noise != 'correlated':
       raise ValueError(f'Mechanism {self.name!r} has no factory')
+    for section in self.settings:
+      if not (isinstance(section, type) and issubclass(section, sections.Section)
+              and section.SECTION):
+        raise ValueError(f'Mechanism {self.name!r}: its settings must be named config '
+                         f'sections (tff_dp.sections.Section), got {section!r}')
 
   def factory(self, clip: float, noise: dict, adaptive, noise_allocation: str, extra: dict):
     """Its aggregation factory (`build_factory`'s arguments; `tff_dp.mechanisms.build_aggregator`
@@ -99,6 +105,21 @@ class Mechanism:
                                          max_buffers)
     return correlated.strategy(self.name, coefs, params, rounds, min_separation,
                                max_participations, amplified=amplified)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CorrelatedSchedule(sections.Section):
+  """Correlated noise: the participation schedule its strategy is planned for."""
+  SECTION = 'correlated_schedule'
+  FOLLOWS = 'dp'
+  min_separation: Optional[int] = sections.setting(
+      None, '`dp=blt|bandmf`: the strategy is planned for clients at least this many rounds '
+      'apart (default: the sampler\'s cycle, population // clients_per_round; at most that).',
+      check=sections.at_least(1))
+  max_participations: Optional[int] = sections.setting(
+      None, '`dp=blt|bandmf`: ... and for at most this many participations of a client '
+      '(default and minimum: what the rounds allow, ceil(total_rounds / cycle)).',
+      check=sections.at_least(1))
 
 
 # The keyword arguments of a correlated-noise factory: its schedule, and how its noise is drawn.

@@ -18,4 +18,4 @@ MECHANISM = base.Mechanism(
                 '`client_sampling=min_separation`)',
     noise='correlated', samplers=('min_separation',),
     extra_arguments=base.CORRELATED_ARGUMENTS,
-    settings=('min_separation', 'max_participations'), strategy_coefs=_coefs)
+    settings=(base.CorrelatedSchedule,), strategy_coefs=_coefs)

@@ -1,6 +1,9 @@
 """DP-FTRL with tree-aggregation noise and a quantile-adapted clip, adopted when a tree restarts
 (TFF's tree_adaptive schedule: `restart_warmup` rounds, then every `restart_frequency`)."""
 
+import dataclasses
+
+from tff_dp import sections
 from tff_dp.errors import UserInputError
 from tff_dp.mechanisms import base
 
@@ -12,12 +15,24 @@ def _factory(clip, noise, adaptive, noise_allocation, extra):
                                            **extra)
 
 
-def _check(dp) -> None:
-  # TFF's schedule requires it (tfp checks it again when the factory is built; here it is
-  # reported before TensorFlow loads).
-  if dp.restart_warmup >= dp.restart_frequency:
-    raise UserInputError(f'`restart_warmup` ({dp.restart_warmup}) must be smaller than '
-                         f'`restart_frequency` ({dp.restart_frequency})')
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TreeRestarts(sections.Section):
+  """DP-FTRL with an adapted clip: when the tree restarts and adopts the clip estimate."""
+  SECTION = 'tree_restarts'
+  FOLLOWS = 'dp'
+  restart_warmup: int = sections.setting(
+      128, '`dp=ftrl_adaptive`: restart the tree (adopting the clip estimate) after this many '
+      'rounds (TFF\'s default), ...', check=sections.POSITIVE)
+  restart_frequency: int = sections.setting(
+      1024, '... then every this many rounds (and after every epoch of shuffled '
+      'participation).', check=sections.POSITIVE)
+
+  def _check(self) -> None:
+    # TFF's schedule requires it (tfp checks it again when the factory is built; here it is
+    # reported before TensorFlow loads).
+    if self.restart_warmup >= self.restart_frequency:
+      raise UserInputError(f'`restart_warmup` ({self.restart_warmup}) must be smaller than '
+                           f'`restart_frequency` ({self.restart_frequency})')
 
 
 MECHANISM = base.Mechanism(
@@ -26,4 +41,4 @@ MECHANISM = base.Mechanism(
                 '`client_sampling=shuffled`)',
     noise='tree', samplers=('shuffled',), build_factory=_factory,
     extra_arguments=('rounds_per_epoch', 'noise_seed', 'restart_warmup', 'restart_frequency'),
-    adapts_clip=True, settings=('restart_warmup', 'restart_frequency'), check=_check)
+    adapts_clip=True, settings=(TreeRestarts,))

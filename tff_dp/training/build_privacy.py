@@ -9,7 +9,7 @@ epoch, correlated noise plans its strategy for the run's schedule).
 
 import dataclasses
 import math
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from tff_dp import accounting
 from tff_dp import choices
@@ -58,8 +58,10 @@ class Privacy:
 
 def build_aggregator(dp: config_lib.DPConfig, clients_per_round: int,
                      rounds_per_epoch: Optional[int] = None, total_rounds: int = 0,
-                     amplified: bool = False, noise_scale: float = 1.0):
-  """The model-update aggregation factory for `dp.kind` (None = TFF's default mean).
+                     amplified: bool = False, noise_scale: float = 1.0,
+                     mechanism_settings: Optional[Mapping[str, Any]] = None):
+  """The model-update aggregation factory for `dp.kind` (None = TFF's default mean), with the
+  mechanism's own settings (`mechanism_settings`, by flat name; unset: their defaults).
 
   `rounds_per_epoch`: the tree factories restart after every epoch of the shuffled sampler;
   for correlated noise, the sampler's cycle (`correlated_schedule`). `amplified`: the sampler
@@ -73,16 +75,17 @@ def build_aggregator(dp: config_lib.DPConfig, clients_per_round: int,
     adaptive = dataclasses.replace(
         adaptive, clipped_count_stddev=adaptive.clipped_count_stddev * noise_scale)
   mechanism = mechanisms.get(dp.kind)
+  own = dict(mechanism_settings or {})
   tree_options = {}
   if mechanism.noise == 'tree':
     tree_options['rounds_per_epoch'] = rounds_per_epoch
   if mechanism.noise == 'correlated':
-    tree_options.update(correlated_schedule(dp, rounds_per_epoch, total_rounds),
+    tree_options.update(correlated_schedule(own, rounds_per_epoch, total_rounds),
                         amplified=amplified)
   # The mechanism's own settings that have a value (`restart_warmup`, ...); the correlated
   # schedule's were planned above.
-  tree_options.update({name: getattr(dp, name) for name in mechanism.settings
-                       if name not in tree_options and getattr(dp, name) is not None
+  tree_options.update({name: value for name, value in own.items()
+                       if name not in tree_options and value is not None
                        and name in (mechanism.extra_arguments or ())})
   return mechanisms.build_aggregator(
       dp.kind, noise_multiplier=float(dp.noise_multiplier) * noise_scale,
@@ -90,14 +93,15 @@ def build_aggregator(dp: config_lib.DPConfig, clients_per_round: int,
       adaptive=adaptive, noise_allocation=dp.noise_allocation, **tree_options)
 
 
-def correlated_schedule(dp: config_lib.DPConfig, cycle: int, total_rounds: int) -> dict:
+def correlated_schedule(own: Mapping[str, Any], cycle: int, total_rounds: int) -> dict:
   """The schedule a correlated-noise strategy is planned for: the min-separation sampler
   visits each client every `cycle` rounds, so at least `cycle` rounds apart and at most
-  ceil(total_rounds / cycle) times; `min_separation` may only lower the first, and
-  `max_participations` only raise the second (a weaker claim is still true)."""
+  ceil(total_rounds / cycle) times; the mechanism's own settings (`own`) `min_separation` may
+  only lower the first, and `max_participations` only raise the second (a weaker claim is
+  still true)."""
   needed = math.ceil(total_rounds / cycle)
-  separation = dp.min_separation if dp.min_separation is not None else cycle
-  participations = dp.max_participations if dp.max_participations is not None else needed
+  separation = own.get('min_separation') or cycle
+  participations = own.get('max_participations') or needed
   if separation > cycle:
     raise UserInputError(
         f'`min_separation={separation}`: the sampler visits each client every {cycle} rounds '
@@ -109,7 +113,7 @@ def correlated_schedule(dp: config_lib.DPConfig, cycle: int, total_rounds: int) 
         f'participates up to {needed} times (every {cycle} rounds); use '
         f'`max_participations` >= {needed} or fewer rounds')
   return dict(rounds=total_rounds, min_separation=separation,
-              max_participations=participations, bands=dp.bands)
+              max_participations=participations, bands=own.get('bands'))
 
 
 def _sampler(cfg: config_lib.SamplingConfig, client_ids, key_path: str, resume: bool,
@@ -185,9 +189,11 @@ def build(sampling_cfg: config_lib.SamplingConfig, dp: config_lib.DPConfig,
           accounting_cfg: config_lib.AccountingConfig, population: list, key_path: str,
           resume: bool, total_rounds: int, cohort=None, population_path: Optional[str] = None,
           recorded_population: Optional[int] = None,
-          ledger_key_path: Optional[str] = None) -> Privacy:
-  """The sampler over `population`, the DP factory, delta and the accountant; `cohort`: a
-  noise-cohort simulation (`noise_cohort.NoiseCohort`) and its projection;
+          ledger_key_path: Optional[str] = None,
+          mechanism_settings: Optional[Mapping[str, Any]] = None) -> Privacy:
+  """The sampler over `population`, the DP factory, delta and the accountant
+  (`mechanism_settings`: the mechanism's own, `ExperimentConfig.mechanism_settings()`);
+  `cohort`: a noise-cohort simulation (`noise_cohort.NoiseCohort`) and its projection;
   `population_path`: where the population's digest is kept (None: not checked), and
   `recorded_population` the size config.json recorded (for the message); `ledger_key_path`:
   where the ledger's MAC key is kept (None: no MACs)."""
@@ -196,8 +202,10 @@ def build(sampling_cfg: config_lib.SamplingConfig, dp: config_lib.DPConfig,
     digest = _check_population(
         population, population_path, resume, recorded_population,
         sampling_cfg.client_sampling in choices.PERMUTATION_SAMPLERS)
+  own = dict(mechanism_settings or {})
   cyclic = sampling_cfg.client_sampling == 'cyclic_poisson'
-  sampler = _sampler(sampling_cfg, population, key_path, resume, dp.bands if cyclic else None)
+  sampler = _sampler(sampling_cfg, population, key_path, resume,
+                     own.get('bands') if cyclic else None)
   mechanism = mechanisms.find(dp.kind)
   tree = mechanism is not None and mechanism.noise == 'tree'
   delta = accounting.check_delta(
@@ -210,7 +218,8 @@ def build(sampling_cfg: config_lib.SamplingConfig, dp: config_lib.DPConfig,
   dp_factory = build_aggregator(dp, sampling_cfg.clients_per_round,
                                 sampler.rounds_per_epoch, total_rounds,
                                 amplified=cyclic,
-                                noise_scale=cohort.scale if cohort is not None else 1.0)
+                                noise_scale=cohort.scale if cohort is not None else 1.0,
+                                mechanism_settings=own)
   ledger_key = new_ledger_key = None
   if ledger_key_path is not None and mechanism is not None:
     if resume:   # A run recorded before MACs has no key, and goes on without.

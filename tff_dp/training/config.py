@@ -11,7 +11,7 @@ the field's flat name, so flag files keep working), the checks, the run's `confi
 resume may change (`RESUMABLE_SETTINGS`). A config is checked when it is built: a bad value
 raises `UserInputError` naming the setting (in backticks, as the library names parameters).
 
-Plug-ins add sections of their own (`tff_dp.training.sections.register`: the repository's
+Plug-ins add sections of their own (`tff_dp.sections.register`: the repository's
 `tasks` declares its model and vocabulary settings so); their settings are flags and config.json
 keys like the others, and `plugin(cls)` reads one typed. Lists of allowed values come from their
 one home (`tff_dp.choices`, the mechanisms' and the tasks' registries). This module imports no
@@ -33,11 +33,11 @@ from tff_dp import worker_addresses
 from tff_dp.accounting import accountant
 from tff_dp.accounting import noise_cohort
 from tff_dp.errors import UserInputError
-from tff_dp.training import sections
+from tff_dp import sections
 from tff_dp.training import task_registry
-from tff_dp.training.sections import Section
-from tff_dp.training.sections import setting
-from tff_dp.training.sections import setting_name
+from tff_dp.sections import Section
+from tff_dp.sections import setting
+from tff_dp.sections import setting_name
 
 
 _at_least = sections.at_least
@@ -137,24 +137,6 @@ class DPConfig(Section):
   noise_allocation: str = setting(
       'proportional', 'Per-layer/joint: how the noise budget is split across groups (ledger '
       'paper, Sec. 4).', one_of=choices.NOISE_ALLOCATIONS)
-  restart_warmup: int = setting(
-      128, '`dp=ftrl_adaptive`: restart the tree (adopting the clip estimate) after this many '
-      'rounds (TFF\'s default), ...', check=_POSITIVE)
-  restart_frequency: int = setting(
-      1024, '... then every this many rounds (and after every epoch of shuffled '
-      'participation).', check=_POSITIVE)
-  min_separation: Optional[int] = setting(
-      None, '`dp=blt|bandmf`: the strategy is planned for clients at least this many rounds '
-      'apart (default: the sampler\'s cycle, population // clients_per_round; at most that).',
-      check=_at_least(1))
-  max_participations: Optional[int] = setting(
-      None, '`dp=blt|bandmf`: ... and for at most this many participations of a client '
-      '(default and minimum: what the rounds allow, ceil(total_rounds / cycle)).',
-      check=_at_least(1))
-  bands: Optional[int] = setting(
-      None, '`dp=bandmf`: bands of the strategy (default `min_separation`); with '
-      '`client_sampling=cyclic_poisson` (required), also its number of groups.',
-      check=_at_least(1))
   noise_cohort_size: Optional[int] = setting(
       None, 'Simulate production noise: train `clients_per_round` clients but add the noise of '
       'a cohort of this many (every query\'s noise scaled by clients_per_round / this), and '
@@ -185,23 +167,6 @@ class DPConfig(Section):
           'noise without a clip norm has no sensitivity to calibrate to')
     if self.noise_multiplier is None:
       raise UserInputError(f'`dp={self.kind}` needs `noise_multiplier` >= 0')
-    mechanism = mechanisms.get(self.kind)
-    # A mechanism's own settings that are unset unless given: refused with another mechanism.
-    for name in _own_optional_settings():
-      if getattr(self, name) is not None and name not in mechanism.settings:
-        having = [n for n, m in mechanisms.MECHANISMS.items() if name in m.settings]
-        raise UserInputError(f'`{name}` is a setting of `dp={"|".join(having)}`, not of '
-                             f'`dp={self.kind}`')
-    if mechanism.check is not None:
-      mechanism.check(self)
-
-
-def _own_optional_settings() -> list[str]:
-  """The mechanisms' own settings that stay unset unless given (`min_separation`, `bands`,
-  ...): given with another mechanism, they would be ignored."""
-  unset = {f.name for f in dataclasses.fields(DPConfig) if f.default is None}
-  return list(dict.fromkeys(name for m in mechanisms.MECHANISMS.values()
-                            for name in m.settings if name in unset))
 
 
 def _distinct_accountants(methods) -> bool:
@@ -448,10 +413,8 @@ sections.reserve({**SECTIONS, 'plug_ins': Section})
 
 def all_sections() -> dict[str, type[Section]]:
   """The library's sections and the registered plug-in ones (`sections.register`), in the
-  order the help shows them: the plug-ins' after `task`, whose settings they usually extend."""
-  names = list(SECTIONS)
-  return {**{n: SECTIONS[n] for n in names[:1]}, **sections.plug_ins(),
-          **{n: SECTIONS[n] for n in names[1:]}}
+  order the help shows them: each plug-in's after the library section it extends."""
+  return sections.ordered(SECTIONS)
 
 _PlugIn = TypeVar('_PlugIn', bound=Section)
 
@@ -528,6 +491,8 @@ class ExperimentConfig:
               self.dp.clipped_count_stddev,
               self.dp.noise_cohort_size or self.sampling.clients_per_round,
               self.dp.noise_multiplier))
+    if mechanism is not None:
+      self._check_own_settings(mechanism)
     self._check_noise_cohort()
     if self.accounting.max_epsilon is not None and dp == 'none':
       raise UserInputError('`max_epsilon` needs DP (`dp` != none)')
@@ -541,11 +506,12 @@ class ExperimentConfig:
             f'`client_sampling=cyclic_poisson` amplifies {choices.one_of(amplified)} only '
             f'(`dp={dp}` has no analysis of it); use `dp={amplified[0]}`, or '
             '`client_sampling=min_separation`')
-      if self.dp.bands is None:
+      own = self.mechanism_settings()
+      if own.get('bands') is None:
         raise UserInputError('`client_sampling=cyclic_poisson` needs `bands`: the clients are '
                              'partitioned into that many groups')
       for name in ('min_separation', 'max_participations'):
-        if getattr(self.dp, name) is not None:
+        if own.get(name) is not None:
           raise UserInputError(f'`{name}` is a setting of `client_sampling=min_separation`; '
                                'cyclic Poisson visits each of `bands` groups every `bands` '
                                'rounds')
@@ -562,6 +528,28 @@ class ExperimentConfig:
           f'`dp={dp}` needs `rounds_per_checkpoint=1`: a resume must not re-execute a round '
           'whose output was released (its noise state is reused, which the accounting does '
           'not cover)')
+
+  def _check_own_settings(self, mechanism: mechanisms.Mechanism) -> None:
+    """Refuses a mechanism's own setting that is unset unless given (`bands`, ...) when given
+    with a mechanism that does not take it (it would be ignored)."""
+    for section in self.plug_ins.values():
+      if type(section) in mechanism.settings:
+        continue
+      for field in dataclasses.fields(section):
+        if field.default is None and getattr(section, field.name) is not None:
+          having = [n for n, m in mechanisms.MECHANISMS.items() if type(section) in m.settings]
+          if having:
+            raise UserInputError(f'`{setting_name(field)}` is a setting of '
+                                 f'`dp={"|".join(having)}`, not of `dp={self.dp.kind}`')
+
+  def mechanism_settings(self) -> dict[str, Any]:
+    """The chosen mechanism's own settings by flat name (its `Mechanism.settings` sections;
+    {} without DP)."""
+    mechanism = mechanisms.find(self.dp.kind)
+    if mechanism is None:
+      return {}
+    return {setting_name(f): getattr(self.plugin(cls), f.name)
+            for cls in mechanism.settings for f in dataclasses.fields(cls)}
 
   def _check_noise_cohort(self) -> None:
     cohort, population = self.dp.noise_cohort_size, self.dp.noise_population
@@ -586,7 +574,8 @@ class ExperimentConfig:
     cyclic = self.sampling.client_sampling == 'cyclic_poisson'
     return noise_cohort.NoiseCohort(self.dp.noise_cohort_size, self.dp.noise_population,
                                     self.sampling.clients_per_round,
-                                    groups=self.dp.bands if cyclic else None)
+                                    groups=self.mechanism_settings().get('bands') if cyclic
+                                    else None)
 
   @classmethod
   def from_settings(cls, settings: Optional[Mapping[str, Any]] = None,

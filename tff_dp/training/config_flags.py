@@ -19,7 +19,7 @@ from tff_dp import choices
 from tff_dp import cli_flags
 from tff_dp import errors
 from tff_dp.training import config as config_lib
-from tff_dp.training import sections
+from tff_dp import sections
 
 
 def _parse_key_values(items: Sequence[str]) -> dict[str, float]:

@@ -157,7 +157,8 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
                                     build_privacy.POPULATION_FILE),
                                 recorded_population=recorded.get('population_size'),
                                 ledger_key_path=run_dir.secret_file(
-                                    build_privacy.LEDGER_KEY_FILE))
+                                    build_privacy.LEDGER_KEY_FILE),
+                                mechanism_settings=config.mechanism_settings())
   process = build_process.build(task, config.training, config.adadps, config.runtime,
                                 privacy.dp_factory, public_ids=public_ids,
                                 canaries=bool(config.canaries.num_canaries))

@@ -29,7 +29,7 @@ class RegisteredTask:
   is None. `check_data(data_dir, **options)` refuses (UserInputError) a data directory the task
   cannot read, without TensorFlow, so the command line refuses it before anything is written.
   `options` maps each of the builder's own keywords to the flat setting that gives it (a
-  setting of a plug-in section, `tff_dp.training.sections.register`).
+  setting of a plug-in section, `tff_dp.sections.register`).
   """
   help: str
   build: Callable[..., Any]
