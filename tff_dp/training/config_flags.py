@@ -153,9 +153,10 @@ def markdown_reference() -> str:
   """docs/FLAGS.md: every setting (flag, default, help), by section, from the config's fields
   (tests/test_config.py checks the file equals this, so it never goes stale)."""
   lines = ['# Flags of `run_experiment.py` (settings of `tff_dp.ExperimentConfig`)', '',
-           'Generated from `tff_dp/training/config.py` and the sections the repository\'s',
-           '`tasks` registers by `python -c "import tasks; from tff_dp.training import '
-           'config_flags; print(config_flags.markdown_reference(), end=\'\')" > docs/FLAGS.md`.',
+           'Generated from the config\'s sections (`tff_dp/training/config_sections.py`, the',
+           'mechanisms\' and the tasks\' own) by `python -c "import tasks; from',
+           'tff_dp.training import config_flags; print(config_flags.markdown_reference(), '
+           'end=\'\')" > docs/FLAGS.md`.',
            'Each flag is also a keyword of `ExperimentConfig.from_settings` and a key of a run\'s',
            'config.json; "resume" marks the settings a resumed run may change.', '']
   for section, fields in config_lib.fields_by_section().items():
