@@ -2,9 +2,10 @@
 
 A section is a frozen, keyword-only dataclass of settings, each declared once with its type,
 default, help and checks (`setting`); `tff_dp.training.config` assembles the run's config from
-its own sections and the ones registered here (`register`): a plug-in such as the repository's
-`tasks` package declares its settings as its own typed section, and they become flags,
-config.json keys and `ExperimentConfig.plugin(cls)` without the library naming them.
+its own sections and the ones registered here (`register`): a mechanism (`tff_dp.mechanisms`)
+or a plug-in such as the repository's `tasks` package declares its settings as its own typed
+section, and they become flags, config.json keys and `ExperimentConfig.plugin(cls)` without the
+library's config naming them.
 
 Pure Python (no TensorFlow).
 """
@@ -29,11 +30,12 @@ def setting(default: Any = dataclasses.MISSING,
   name when not the field's name; `one_of`: the allowed values (a `tff_dp.choices` registry);
   `named_in`: a registry plug-ins add to (a live view, name -> meaning): the flag's choices,
   checked where the named thing is built rather than here, since a config may be built before
-  the plug-in registers (or for a task object given to the run, whose name is its own); `check`: (predicate, requirement) for a value that is set, e.g. (lambda v: v > 0,
+  the plug-in registers (or for a task object given to the run, whose name is its own);
+  `check`: (predicate, requirement) for a value that is set, e.g. (lambda v: v > 0,
   'must be positive'); `resumable`: a resumed run may change it; `path`: a file system path
   (the command line expands `~` in it)."""
-  metadata = dict(help=help, flag=flag, one_of=one_of, named_in=named_in, check=check, resumable=resumable,
-                  path=path)
+  metadata = dict(help=help, flag=flag, one_of=one_of, named_in=named_in, check=check,
+                  resumable=resumable, path=path)
   if default_factory is not dataclasses.MISSING:
     return dataclasses.field(default_factory=default_factory, metadata=metadata)
   return dataclasses.field(default=default, metadata=metadata)

@@ -3,11 +3,12 @@
 `ExperimentConfig` holds one section per concern (task and data, sampling, training, dp,
 accounting, adadps, checkpoint_aggregation, canaries, runtime, output, paper; declared in
 `config_sections`, each field once, with its type, default, help and checks) and checks the
-rules between sections. Everything else derives from the fields: the command line's flags (`tff_dp.training.config_flags`, one flag per field under
-the field's flat name, so flag files keep working), the checks, the run's `config.json`
-(`settings()`, a flat {setting name: value} dict that holds every setting) and which settings a
-resume may change (`RESUMABLE_SETTINGS`). A config is checked when it is built: a bad value
-raises `UserInputError` naming the setting (in backticks, as the library names parameters).
+rules between sections. Everything else derives from the fields: the command line's flags
+(`tff_dp.training.config_flags`, one flag per field under the field's flat name, so flag files
+keep working), the checks, the run's `config.json` (`settings()`, a flat {setting name: value}
+dict that holds every setting) and which settings a resume may change (`RESUMABLE_SETTINGS`).
+A config is checked when it is built: a bad value raises `UserInputError` naming the setting
+(in backticks, as the library names parameters).
 
 Plug-ins add sections of their own (`tff_dp.sections.register`: the repository's
 `tasks` declares its model and vocabulary settings so); their settings are flags and config.json
@@ -56,6 +57,7 @@ def all_sections() -> dict[str, type[Section]]:
   """The library's sections and the registered plug-in ones (`sections.register`), in the
   order the help shows them: each plug-in's after the library section it extends."""
   return sections.ordered(SECTIONS)
+
 
 _PlugIn = TypeVar('_PlugIn', bound=Section)
 
@@ -294,8 +296,9 @@ def _fields() -> dict[str, tuple[str, str]]:
 
 
 # Settings a resumed run may change (cadence, stopping, reporting, execution and the paper
-# notes; never a plug-in's: `sections.register`); any other change would make the resumed run a different mechanism, model or data
-# than the one the ledger and checkpoints describe, and is refused. loop_implementation and
+# notes; never a plug-in's: `sections.register`); any other change would make the resumed run
+# a different mechanism, model or data than the one the ledger and checkpoints describe, and
+# is refused. loop_implementation and
 # datasets_on_workers are execution: how and where TFF runs the same client SGD steps.
 RESUMABLE_SETTINGS = tuple(setting_name(f) for cls in SECTIONS.values()
                            for f in dataclasses.fields(cls) if f.metadata.get('resumable'))
