@@ -61,7 +61,7 @@ def build_aggregator(dp: config_lib.DPConfig, clients_per_round: int,
                      amplified: bool = False, noise_scale: float = 1.0,
                      mechanism_settings: Optional[Mapping[str, Any]] = None):
   """The model-update aggregation factory for `dp.kind` (None = TFF's default mean), with the
-  mechanism's own settings (`mechanism_settings`, by flat name; unset: their defaults).
+  mechanism's own settings (`mechanism_settings`, by flat name; unset: the factory's defaults).
 
   `rounds_per_epoch`: the tree factories restart after every epoch of the shuffled sampler;
   for correlated noise, the sampler's cycle (`correlated_schedule`). `amplified`: the sampler

@@ -105,12 +105,9 @@ class ExperimentConfig:
   def plugin(self, cls: type[_PlugIn]) -> _PlugIn:
     """This config's section of the plug-in class `cls` (its defaults if `cls` registered after
     this config was built); KeyError if `cls` is not registered."""
-    for section in self.plug_ins.values():
-      if type(section) is cls:  # pylint: disable=unidiomatic-typecheck
-        return section
-    if cls in sections.plug_ins().values():
-      return cls()
-    raise KeyError(f'{cls.__name__} is not a registered config section')
+    if sections.plug_ins().get(cls.SECTION) is not cls:
+      raise KeyError(f'{cls.__name__} is not a registered config section')
+    return self.plug_ins.get(cls.SECTION) or cls()
 
   def task_options(self) -> dict[str, Any]:
     """The registered task's own builder options, from the settings its entry names
@@ -243,7 +240,9 @@ class ExperimentConfig:
             for name, (section, field) in _fields().items()}
 
   def _section(self, name: str) -> Section:
-    return getattr(self, name) if name in SECTIONS else self.plugin(all_sections()[name])
+    if name in SECTIONS:
+      return getattr(self, name)
+    return self.plug_ins.get(name) or sections.plug_ins()[name]()
 
   def replace(self, **settings: Any) -> 'ExperimentConfig':
     """A copy with these flat settings changed (checked as a whole)."""

@@ -58,7 +58,7 @@ CHOICES = _Choices()
 
 def register(name: str, task: RegisteredTask) -> None:
   """Makes `name` a choice of the `task` setting, built by `task`; ValueError if another task
-  has the name (registering the same entry again does nothing: a re-imported package)."""
+  has the name (registering an equal entry under it again does nothing)."""
   if _TASKS.get(name, task) != task:
     raise ValueError(f'a task named {name!r} is registered already')
   _TASKS[name] = task
