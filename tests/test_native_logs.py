@@ -76,6 +76,25 @@ def test_a_child_given_the_real_stderr_outlives_the_block_and_is_heard():
   assert done.stderr.splitlines() == ['child']
 
 
+def test_a_worker_started_as_tff_starts_it_does_not_hold_the_block_open():
+  """TFF starts its worker with stderr=sys.stderr: the worker kept the block's pipe, and a run
+  stopped before its first round waited out the forwarder's 5 s before ending (a CI run's
+  SIGTERM test went over its 10 s)."""
+  done = _python("""
+      import sys, time
+      from tff_dp import native_logs, runtime
+      with native_logs.held_back():
+        late = 'import time, sys; time.sleep(3); print("worker", file=sys.stderr)'
+        worker = runtime.WorkerPopen([sys.executable, '-c', late], stdout=sys.stdout,
+                                     stderr=sys.stderr)   # As TFF's executor factory does.
+        start = time.monotonic()
+      assert time.monotonic() - start < 2, 'the block waited for the worker'
+      worker.wait()
+      """)
+  assert done.returncode == 0, done.stderr
+  assert done.stderr.splitlines() == ['worker']
+
+
 @pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_a_run_through_the_api_prints_only_its_own_lines_unless_asked():
   """One process, two runs of a 12-client task: held back (default), then `native_logs=True`,

@@ -262,8 +262,10 @@ class WorkerPopen(subprocess.Popen):
     # Its own process group: a terminal's Ctrl-C reaches this process alone, which stops the
     # run gracefully. A worker killed by it mid-start-up left TFF waiting for it forever.
     kwargs.setdefault('process_group', 0)
-    if kwargs.get('stderr') is None and native_logs.real_stderr_fd() is not None:
-      kwargs['stderr'] = native_logs.real_stderr_fd()   # The worker outlives the held-back call.
+    if native_logs.real_stderr_fd() is not None and _is_fd_2(kwargs.get('stderr')):
+      # The worker outlives the held-back call: given its pipe (TFF passes sys.stderr), it kept
+      # the pipe open and the call's end waited out the forwarder's timeout (5 s).
+      kwargs['stderr'] = native_logs.real_stderr_fd()
     with _spawner_lock:
       if _spawner is None:
         _spawner = _Spawner()
@@ -271,6 +273,16 @@ class WorkerPopen(subprocess.Popen):
       _spawner.call(lambda: super(WorkerPopen, self).__init__(args, **kwargs))
       if not _killed_at_birth(self):
         return
+
+
+def _is_fd_2(stream) -> bool:
+  """Whether a Popen stdio argument is this process's file descriptor 2 (None inherits it)."""
+  if stream is None or stream == 2:
+    return True
+  try:
+    return stream.fileno() == 2
+  except (AttributeError, OSError, ValueError):   # ValueError: io.UnsupportedOperation.
+    return False
 
 
 # A forked child can be killed by a signal before it execs the worker: a CI run saw a child
