@@ -158,6 +158,11 @@ def test_a_mechanism_defined_here_runs_is_accounted_and_stated(toy_mechanism, ta
   assert statement['epsilon']['rdp'] == pytest.approx(accountant.get_epsilon(delta), rel=1e-6)
   assert statement['neighboring_relation'] == 'add_remove'
   assert statement['proof'] == claims.claim('independent', 'poisson').proof
+  # Its columns' classes are what its factory (the library's reporting base) declares.
+  stated = statement['aggregator_measurements']
+  assert stated['aggregator/privacy_queries'].startswith('covered: ')
+  assert stated['aggregator/zero_updates'].startswith('non-private diagnostic: ')
+  assert 'aggregator/zero_updates' in statement['non_private_diagnostics']
   assert TOY in statement['mechanism']
   assert os.path.exists(run_dir / 'plots' / 'epsilon_vs_round.png')
 

@@ -14,6 +14,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tff_dp import measurements
+from tff_dp import mechanisms
+from tff_dp.aggregators import non_finite
 from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
 from tff_dp.run_format import release
@@ -46,11 +49,28 @@ def _facts(run_dir):
   with open(os.path.join(run_dir, 'config.json')) as f:
     cfg = json.load(f)
   with open(os.path.join(run_dir, 'summary.json')) as f:
-    evaluation = json.load(f)['privacy']['evaluation']
+    statement = json.load(f)['privacy']
+  evaluation = statement['evaluation']
   return release.RunFacts(
       dp=cfg['dp'] != 'none', noise_state_in_checkpoints=cfg['dp'] in ('ftrl', 'ftrl_adaptive'),
       eval_covered='training population' not in evaluation or 'not in' in evaluation,
-      seeded=cfg['sampling_seed'] is not None, private_release=cfg['private_release'])
+      seeded=cfg['sampling_seed'] is not None, private_release=cfg['private_release'],
+      measurements=_declared(statement.get('aggregator_measurements', {})))
+
+
+def _declared(stated: dict, depth: int = 1) -> tuple:
+  """The statement's {'aggregator/<key path>': 'covered: ...' or '...'} as declarations."""
+  by_key = {}
+  for column, text in stated.items():
+    by_key.setdefault(column.split('/')[depth], {})[column] = text
+  out = []
+  for key, entries in by_key.items():
+    if len(entries) == 1 and next(iter(entries)).count('/') == depth:
+      text = next(iter(entries.values()))
+      out.append(measurements.Measurement(key, text, covered=text.startswith('covered')))
+    else:
+      out.append(measurements.Measurement(key, '', inner=_declared(entries, depth + 1)))
+  return tuple(out)
 
 
 def _check_every_output_is_classified(run_dir):
@@ -170,7 +190,9 @@ def test_tree_checkpoints_hold_the_noise_and_are_secret(task, tmp_path):
 
 
 def test_unknown_outputs_are_refused_by_the_classification():
-  facts = release.RunFacts()
+  facts = release.RunFacts(measurements=measurements.declared(non_finite.NonFiniteZeroingFactory(
+      mechanisms.build_aggregator('fixed', noise_multiplier=1.0, clients_per_round=5.0,
+                                  clip=1.0))))
   with pytest.raises(KeyError):
     release.classify_file('model_weights.npz', facts)
   with pytest.raises(KeyError):

@@ -5,12 +5,18 @@ release covers assigns them."""
 
 import pytest
 
+from tff_dp import measurements
+from tff_dp import mechanisms
+from tff_dp.aggregators import non_finite
 from tff_dp.run_format import classes
 from tff_dp.run_format import columns
 
-DP = classes.RunFacts()
-DP_EVAL_COVERED = classes.RunFacts(eval_covered=True)
-NO_DP = classes.RunFacts(dp=False)
+# What the model aggregator of the run below declares (adaptive clipping, NaN/Inf zeroing).
+ADAPTIVE = measurements.declared(non_finite.NonFiniteZeroingFactory(mechanisms.build_aggregator(
+    'adaptive', noise_multiplier=1.0, clients_per_round=10.0, clip=0.1)))
+DP = classes.RunFacts(measurements=ADAPTIVE)
+DP_EVAL_COVERED = classes.RunFacts(eval_covered=True, measurements=ADAPTIVE)
+NO_DP = classes.RunFacts(dp=False, measurements=ADAPTIVE)
 
 # The header of a DP-FedAvg run with adaptive clipping, EMA and past-k, and canaries.
 HEADER = ('round,num_clients,round_seconds,train_loss,train_accuracy,'
@@ -62,6 +68,17 @@ def test_readers_find_columns_by_role():
   assert columns.names_with_role(HEADER, columns.CANARY_EPSILON) == [
       'canary_epsilon_final_model', 'canary_epsilon_all_iterates']
   assert set(columns.names_with_role(HEADER, columns.EVAL)) == EVAL
-  # A clip norm outside the privacy queries is still a clip, but not covered.
+  # A clip norm outside the privacy queries is still a clip; its factory says if it is covered.
   assert columns.names_with_role(['aggregator/g0/l2_norm_clip'], columns.CLIP)
-  assert columns.coverage('aggregator/g0/l2_norm_clip', DP) == classes.DIAGNOSTIC
+  g0 = classes.RunFacts(measurements=(measurements.Measurement('g0', 'a clip, not noised'),))
+  assert columns.coverage('aggregator/g0/l2_norm_clip', g0) == classes.DIAGNOSTIC
+
+
+def test_an_aggregator_column_is_covered_as_its_factory_declares_not_by_its_name():
+  """The old rule covered any aggregator path with a part named like a released value ('clip',
+  'scale', ...): a factory's raw client norm under 'norms/clip' was released as covered."""
+  norms = measurements.Measurement('norms', 'the largest client norm, without noise')
+  facts = classes.RunFacts(measurements=ADAPTIVE + (norms,))
+  assert columns.coverage('aggregator/norms/clip', facts) == classes.DIAGNOSTIC
+  with pytest.raises(KeyError, match='not declared'):   # Nobody's measurement: refused.
+    columns.coverage('aggregator/scale/tensor_0', DP)

@@ -1,6 +1,7 @@
 """DP aggregation factories (genuine `tff.aggregators.UnweightedAggregationFactory`s).
 
-Every factory reports `privacy_queries` (docs/ARCHITECTURE.md, Contract 1) in its measurements.
+Every factory reports `privacy_queries` (docs/ARCHITECTURE.md, Contract 1) in its measurements,
+and declares each measurement it reports (`measurements()`, `tff_dp.measurements`).
 Which factory a mechanism builds, with which arguments, is the mechanism's own declaration
 (`tff_dp.mechanisms`, `build_aggregator`).
 """

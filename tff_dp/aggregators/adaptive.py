@@ -81,4 +81,5 @@ class AdaptiveClipGaussianFactory(ReportingDPFactory):
       return collections.OrderedDict(
           clip=clip_used, next_clip=next_clip, unclipped_fraction_estimate=fraction)
 
-    super().__init__(query, tuples, metrics)
+    super().__init__(query, tuples, metrics,
+                     extra_measurements=quantile_clipping.ADAPTIVE_CLIP_MEASUREMENTS)

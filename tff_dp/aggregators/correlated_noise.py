@@ -30,6 +30,7 @@ from tff_dp.aggregators import fixed
 from tff_dp.aggregators import groups as groups_lib
 from tff_dp.aggregators import privacy_queries
 from tff_dp.aggregators import tree_aggregation
+from tff_dp.aggregators import reporting
 from tff_dp.aggregators.reporting import ReportingDPFactory
 
 
@@ -140,6 +141,9 @@ class CorrelatedNoiseFactory(tff.aggregators.UnweightedAggregationFactory):
     if self.strategy.buf_decay:   # A BLT: its buffers.
       return len(self.strategy.buf_decay)
     return len(self.coefs) - 1
+
+  def measurements(self) -> tuple[reporting.Measurement, ...]:
+    return reporting.declare()
 
   def create(self, value_type) -> tff.templates.AggregationProcess:
     specs, _ = groups_lib.value_specs_and_shapes(value_type)

@@ -18,7 +18,10 @@ import tensorflow_privacy as tfp
 from tff_dp.aggregators import groups as groups_lib
 from tff_dp.aggregators import tree_aggregation
 from tff_dp.aggregators import fixed
+from tff_dp.aggregators import reporting
 from tff_dp.aggregators.reporting import ReportingDPFactory
+
+_MEASUREMENTS = (tree_aggregation.LEAF_MEASUREMENT,)
 
 
 class FtrlFactory(tff.aggregators.UnweightedAggregationFactory):
@@ -36,6 +39,9 @@ class FtrlFactory(tff.aggregators.UnweightedAggregationFactory):
     self.noise_seed = noise_seed
     tree_aggregation.noise_seed(noise_seed)   # Checked now, drawn per `create`.
     self.use_efficient = bool(use_efficient)
+
+  def measurements(self) -> tuple[reporting.Measurement, ...]:
+    return reporting.declare(_MEASUREMENTS)
 
   def create(self, value_type) -> tff.templates.AggregationProcess:
     specs, _ = groups_lib.value_specs_and_shapes(value_type)
@@ -63,4 +69,5 @@ class FtrlFactory(tff.aggregators.UnweightedAggregationFactory):
       del inner_measurements
       return tree_aggregation.leaf_measurement(tree_state(query_state))
 
-    return ReportingDPFactory(None, tuples, metrics, dp_factory=dp_factory).create(value_type)
+    return ReportingDPFactory(None, tuples, metrics, dp_factory=dp_factory,
+                              extra_measurements=_MEASUREMENTS).create(value_type)

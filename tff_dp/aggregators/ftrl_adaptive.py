@@ -28,7 +28,8 @@ from tff_dp.aggregators import groups as groups_lib
 from tff_dp import adaptive_clipping
 from tff_dp.aggregators import quantile_clipping
 from tff_dp.aggregators import tree_aggregation
-from tff_dp.aggregators.fixed import ReportingDPFactory
+from tff_dp.aggregators import reporting
+from tff_dp.aggregators.reporting import ReportingDPFactory
 from tff_dp.errors import UserInputError
 
 
@@ -63,6 +64,7 @@ class _SeededQAdaClipTreeResSumQuery(tfp.QAdaClipTreeResSumQuery):
 
 
 _DEFAULT = adaptive_clipping.AdaptiveClipping()
+_MEASUREMENTS = (tree_aggregation.LEAF_MEASUREMENT, quantile_clipping.CLIP)
 
 
 class FtrlAdaptiveFactory(tff.aggregators.UnweightedAggregationFactory):
@@ -93,6 +95,9 @@ class FtrlAdaptiveFactory(tff.aggregators.UnweightedAggregationFactory):
     self.rounds_per_epoch = tree_aggregation.check_rounds_per_epoch(rounds_per_epoch)
     self.noise_seed = noise_seed
     tree_aggregation.noise_seed(noise_seed)   # Checked now, drawn per `create`.
+
+  def measurements(self) -> tuple[reporting.Measurement, ...]:
+    return reporting.declare(_MEASUREMENTS)
 
   def create(self, value_type) -> tff.templates.AggregationProcess:
     specs, _ = groups_lib.value_specs_and_shapes(value_type)
@@ -133,4 +138,5 @@ class FtrlAdaptiveFactory(tff.aggregators.UnweightedAggregationFactory):
       out['clip'] = update.clip_value
       return out
 
-    return ReportingDPFactory(query, tuples, metrics).create(value_type)
+    return ReportingDPFactory(query, tuples, metrics,
+                              extra_measurements=_MEASUREMENTS).create(value_type)

@@ -26,6 +26,7 @@ from tff_dp.aggregators import groups as groups_lib
 from tff_dp.aggregators import privacy_queries
 from tff_dp import adaptive_clipping
 from tff_dp.aggregators import quantile_clipping
+from tff_dp.aggregators import reporting
 from tff_dp.aggregators.reporting import ReportingDPFactory
 from tff_dp.errors import UserInputError
 
@@ -92,6 +93,10 @@ class JointClipSumQuery(tfp.SumAggregationDPQuery):
 
 
 _DEFAULT = adaptive_clipping.AdaptiveClipping()
+_SCALES = (
+    reporting.Measurement('scale', 'each tensor\'s scale alpha the round used', covered=True),
+    reporting.Measurement('next_scale', 'each tensor\'s scale alpha for the next round',
+                          covered=True))
 
 
 class JointClipFactory(tff.aggregators.UnweightedAggregationFactory):
@@ -142,6 +147,13 @@ class JointClipFactory(tff.aggregators.UnweightedAggregationFactory):
     if self._groups == 'all':
       return [list(range(len(shapes)))]
     return groups_lib.resolve_groups(self._groups, shapes)
+
+  def measurements(self) -> tuple[reporting.Measurement, ...]:
+    return reporting.declare(self._extra_measurements())
+
+  def _extra_measurements(self) -> tuple[reporting.Measurement, ...]:
+    """Per tensor; the unclipped fractions only when the scales adapt."""
+    return _SCALES + ((quantile_clipping.UNCLIPPED_FRACTION,) if self.adaptive_scales else ())
 
   def create(self, value_type) -> tff.templates.AggregationProcess:
     specs, shapes = groups_lib.value_specs_and_shapes(value_type)
@@ -208,4 +220,5 @@ class JointClipFactory(tff.aggregators.UnweightedAggregationFactory):
         out['unclipped_fraction_estimate'] = fraction
       return out
 
-    return ReportingDPFactory(query, tuples, metrics).create(value_type)
+    return ReportingDPFactory(query, tuples, metrics,
+                              extra_measurements=self._extra_measurements()).create(value_type)

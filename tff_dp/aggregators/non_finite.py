@@ -23,10 +23,16 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_dp import measurements as measurements_lib
 from tff_dp.aggregators import wrapping
 
 MEASUREMENT_KEY = 'non_finite_zeroed'
 ZERO_KEY = 'zero_updates'
+_MEASUREMENTS = (
+    measurements_lib.Measurement(MEASUREMENT_KEY, 'clients whose update had a NaN or Inf entry '
+                                 '(zeroed), without noise'),
+    measurements_lib.Measurement(ZERO_KEY, 'clients whose update was all zeros after that, '
+                                 'without noise'))
 
 
 class NonFiniteZeroingFactory(tff.aggregators.UnweightedAggregationFactory):
@@ -34,6 +40,9 @@ class NonFiniteZeroingFactory(tff.aggregators.UnweightedAggregationFactory):
 
   def __init__(self, inner_factory: tff.aggregators.UnweightedAggregationFactory):
     self._inner = wrapping.check_inner_factory(inner_factory)
+
+  def measurements(self) -> tuple[measurements_lib.Measurement, ...]:
+    return _MEASUREMENTS + measurements_lib.declared(self._inner)
 
   def create(self, value_type) -> tff.templates.AggregationProcess:
     wrapping.float_leaf_types(value_type, 'NonFiniteZeroingFactory')

@@ -23,6 +23,7 @@ from tff_dp.aggregators import groups as groups_lib
 from tff_dp.aggregators import privacy_queries
 from tff_dp import adaptive_clipping
 from tff_dp.aggregators import quantile_clipping
+from tff_dp.aggregators import reporting
 from tff_dp.aggregators.reporting import ReportingDPFactory
 from tff_dp.errors import UserInputError
 
@@ -76,6 +77,10 @@ class PerLayerAdaptiveClipFactory(tff.aggregators.UnweightedAggregationFactory):
     shapes: a pure function of its settings, the one `create` uses."""
     return groups_lib.resolve_groups(self._groups, list(shapes))
 
+  def measurements(self) -> tuple[reporting.Measurement, ...]:
+    """Each adaptive-clip measurement holds one value per group."""
+    return reporting.declare(quantile_clipping.ADAPTIVE_CLIP_MEASUREMENTS)
+
   def create(self, value_type) -> tff.templates.AggregationProcess:
     specs, shapes = groups_lib.value_specs_and_shapes(value_type)
     groups = self.groups_for(shapes)
@@ -127,5 +132,7 @@ class PerLayerAdaptiveClipFactory(tff.aggregators.UnweightedAggregationFactory):
       return collections.OrderedDict(clip=clip, next_clip=next_clip,
                                      unclipped_fraction_estimate=fraction)
 
-    return ReportingDPFactory(query, tuples, metrics).create(value_type)
+    return ReportingDPFactory(query, tuples, metrics,
+                              extra_measurements=quantile_clipping.ADAPTIVE_CLIP_MEASUREMENTS
+                              ).create(value_type)
 

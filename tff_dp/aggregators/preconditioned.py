@@ -18,6 +18,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_dp import coordinate_scales
+from tff_dp import measurements as measurements_lib
 from tff_dp.aggregators import wrapping
 
 MEASUREMENT_KEY = 'preconditioned'
@@ -34,6 +35,11 @@ class PreconditionedFactory(tff.aggregators.UnweightedAggregationFactory):
     self._inner = wrapping.check_inner_factory(inner_factory)
     self._scales = [np.asarray(s, np.float32) for s in scales]
     self._unscale = bool(unscale)
+
+  def measurements(self) -> tuple[measurements_lib.Measurement, ...]:
+    return (measurements_lib.Measurement(
+        MEASUREMENT_KEY, 'the inner aggregator\'s measurements',
+        inner=measurements_lib.declared(self._inner)),)
 
   def create(self, value_type) -> tff.templates.AggregationProcess:
     shapes = [tuple(t.shape) for t in

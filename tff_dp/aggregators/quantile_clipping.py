@@ -8,6 +8,7 @@ checks, the default clipped-count noise, and b recovered from two clips.
 
 import tensorflow as tf
 
+from tff_dp import measurements
 from tff_dp import noise_budget
 from tff_dp.errors import UserInputError
 
@@ -29,6 +30,17 @@ def resolve_count_stddev(noise_multiplier, clipped_count_stddev, clients_per_rou
     return 0.0
   return noise_budget.resolve_clipped_count_stddev(clipped_count_stddev, clients_per_round,
                                                    noise_multiplier)
+
+
+# What an adaptive clip's factory reports beside its privacy queries (per group when it clips
+# per group).
+CLIP = measurements.Measurement('clip', 'the L2 clip the round used', covered=True)
+UNCLIPPED_FRACTION = measurements.Measurement(
+    'unclipped_fraction_estimate', 'the noised fraction of unclipped updates the quantile '
+    'update used (`unclipped_fraction`)', covered=True)
+ADAPTIVE_CLIP_MEASUREMENTS = (
+    CLIP, measurements.Measurement('next_clip', 'the L2 clip of the next round', covered=True),
+    UNCLIPPED_FRACTION)
 
 
 def unclipped_fraction(clip_used, next_clip, gamma, eta, geometric):

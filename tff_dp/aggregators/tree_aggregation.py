@@ -26,6 +26,7 @@ from typing import Optional
 import tensorflow as tf
 import tensorflow_privacy as tfp
 
+from tff_dp import measurements
 from tff_dp.aggregators import privacy_queries
 from tff_dp.errors import UserInputError
 
@@ -93,6 +94,11 @@ def tree_tuple(tree_sum_state) -> collections.OrderedDict:
   """(clip, per-node noise stddev) of a `TreeResidualSumQuery` state (Contract 1 entry)."""
   return privacy_queries.query_tuple(
       tree_sum_state.clip_value, tree_sum_state.tree_state.value_generator_state.stddev)
+
+
+LEAF_MEASUREMENT = measurements.Measurement(
+    privacy_queries.TREE_KEY, 'the 1-based leaf the round fills in its tree (`leaf`), from '
+    'the public schedule', covered=True)
 
 
 def leaf_measurement(tree_sum_state) -> collections.OrderedDict:

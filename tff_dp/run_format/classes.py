@@ -12,6 +12,8 @@
 
 import dataclasses
 
+from tff_dp import measurements as measurements_lib
+
 COVERED = 'covered'
 SECRET = 'secret'
 DIAGNOSTIC = 'diagnostic'
@@ -28,9 +30,12 @@ class RunFacts:
   eval_covered: evaluation data is disjoint from the protected population or declared public.
   seeded: a sampling seed reproduces the samples (config.json records it).
   private_release: the run keeps diagnostics out of metrics.csv, TensorBoard and the console.
+  measurements: what the run's model aggregator declares it reports (`tff_dp.measurements`):
+    the coverage of its `aggregator/...` columns.
   """
   dp: bool = True
   noise_state_in_checkpoints: bool = False
   eval_covered: bool = False
   seeded: bool = False
   private_release: bool = False
+  measurements: tuple[measurements_lib.Measurement, ...] = ()

@@ -8,8 +8,8 @@ column no entry declares is an error (`column` raises KeyError): a new metric is
 before a run may write it.
 
 Some entries are families: `epsilon_<accountant>`, `eval_<metric>` and
-`eval_<aggregate>_<metric>`, and `aggregator/<path>/<measurement>` (the DP aggregators'
-measurements, flattened; covered when some part of the path is one of `COVERED_MEASUREMENTS`).
+`eval_<aggregate>_<metric>`, and `aggregator/<path>` (the model aggregator's measurements,
+flattened; covered as the factory that reports each declares it, `RunFacts.measurements`).
 """
 
 import dataclasses
@@ -17,6 +17,7 @@ import re
 from typing import Iterable, Optional
 
 from tff_dp import choices
+from tff_dp import measurements
 from tff_dp.canaries import scores as canary_scores
 from tff_dp.run_format import classes
 
@@ -31,6 +32,9 @@ OTHER = 'other'
 
 # Coverage of evaluation columns: decided by the run (`RunFacts.eval_covered`).
 EVAL_DATA = 'covered when the evaluation data is outside the protected population'
+# Coverage of the aggregator's columns: as its factories declare (`RunFacts.measurements`).
+DECLARED = 'covered as the factory that reports it declares'
+AGGREGATOR = 'aggregator'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,32 +43,27 @@ class Column:
   pattern: str
   meaning: str
   unit: str
-  coverage: str                  # classes.COVERED, classes.DIAGNOSTIC or EVAL_DATA.
+  coverage: str                  # classes.COVERED, classes.DIAGNOSTIC, EVAL_DATA or DECLARED.
   role: str = OTHER
   family: bool = False
 
   def matches(self, name: str) -> bool:
     return re.fullmatch(self.pattern, name) is not None if self.family else name == self.pattern
 
-  def kind(self, facts: classes.RunFacts) -> str:
-    """COVERED or DIAGNOSTIC for this run (without DP nothing is covered)."""
+  def kind(self, name: str, facts: classes.RunFacts) -> str:
+    """COVERED or DIAGNOSTIC for column `name` in this run (without DP nothing is covered);
+    KeyError for an aggregator measurement the run's factories do not declare."""
     kind = self.coverage
     if kind == EVAL_DATA:
       kind = classes.COVERED if facts.eval_covered else classes.DIAGNOSTIC
+    if kind == DECLARED:
+      covered = measurements.is_covered(facts.measurements, name.split('/')[1:])
+      kind = classes.COVERED if covered else classes.DIAGNOSTIC
     return kind if facts.dp else classes.DIAGNOSTIC
 
 
-# The DP aggregators' measurements computed from noised queries or from the pre-round (already
-# released) query state; every other aggregator measurement (zeroed updates, ...) counts clients.
-COVERED_MEASUREMENTS = frozenset({
-    'privacy_queries', 'clip', 'next_clip', 'unclipped_fraction_estimate', 'dp_query_metrics',
-    'scale', 'next_scale', 'tree_aggregation'})
-_COVERED_AGGREGATOR = (r'aggregator(/[^/]+)*/(' + '|'.join(sorted(COVERED_MEASUREMENTS))
-                       + r')(/[^/]+)*')
-# Clip norms (not the clipped-count query's): covered under a covered measurement, else not.
-_CLIP_COVERED = (r'(?!.*clipped_count)' + _COVERED_AGGREGATOR[:-len(r'(/[^/]+)*')]
-                 + r'/(.+/)?[^/]*l2_norm_clip')
-_CLIP_OTHER = r'(?!.*clipped_count)aggregator/(.+/)?[^/]*l2_norm_clip'
+# An L2 clip norm the aggregator reports, not the clipped-count query's (its role only).
+_CLIP = r'(?!.*clipped_count)aggregator/(.+/)?[^/]*l2_norm_clip'
 CANARY_FINAL_MODEL = 'canary_epsilon_final_model'
 CANARY_ALL_ITERATES = 'canary_epsilon_all_iterates'
 # The canary audit of an evaluation round (`tff_dp.canaries.audit.Audit`), per threat model:
@@ -119,15 +118,12 @@ COLUMNS = (
     Column(r'eval_.+', 'central evaluation of the round\'s model (eval_<metric>) or of a '
            'checkpoint aggregate (eval_<aggregate>_<metric>)', 'the metric\'s', EVAL_DATA, EVAL,
            family=True),
-    # Most specific first: a clip norm of an update query is also a covered measurement.
-    Column(_CLIP_COVERED, 'the L2 clip norm of an update query (flat, per group or per '
-           'layer)', 'L2 norm', classes.COVERED, CLIP, family=True),
-    Column(_CLIP_OTHER, 'an L2 clip norm an aggregator reports outside its privacy queries',
-           'L2 norm', classes.DIAGNOSTIC, CLIP, family=True),
-    Column(_COVERED_AGGREGATOR, 'a DP aggregator\'s measurement of noised or released values',
-           'the measurement\'s', classes.COVERED, family=True),
-    Column(r'aggregator/.+', 'an aggregator measurement that counts clients (zeroed updates, '
-           '...)', 'count', classes.DIAGNOSTIC, family=True),
+    # Most specific first: a clip norm is also an aggregator measurement.
+    Column(_CLIP, 'the L2 clip norm of an update query (flat, per group or per layer)',
+           'L2 norm', DECLARED, CLIP, family=True),
+    Column(AGGREGATOR + r'/.+', 'a measurement of the model aggregator, as the factory that '
+           'reports it declares it (tff_dp.measurements)', 'the measurement\'s', DECLARED,
+           family=True),
 )
 
 
@@ -141,7 +137,7 @@ def column(name: str) -> Column:
 
 def coverage(name: str, facts: classes.RunFacts) -> str:
   """COVERED or DIAGNOSTIC for column `name` in a run with `facts`; KeyError if undeclared."""
-  return column(name).kind(facts)
+  return column(name).kind(name, facts)
 
 
 def names_with_role(names: Iterable[str], role: str) -> list[str]:

@@ -7,7 +7,9 @@ from typing import Optional
 import tensorflow_federated as tff
 
 from tff_dp import choices
+from tff_dp import measurements
 from tff_dp.aggregators import non_finite
+from tff_dp.aggregators import reporting
 from tff_dp.errors import UserInputError
 from tff_dp.training import adadps_setup
 from tff_dp.training import config as config_lib
@@ -28,7 +30,9 @@ choices.check_implemented(choices.LOOP_IMPLEMENTATIONS, LOOP_IMPLEMENTATIONS,
 def build(task, training: config_lib.TrainingConfig, adadps: config_lib.AdaDPSConfig,
           runtime: config_lib.RuntimeConfig, dp_factory, *, public_ids: list,
           canaries: bool):
-  """TFF's FedAvg process of `task` with `dp_factory` (None: TFF's mean) as model aggregator.
+  """TFF's FedAvg process of `task` with `dp_factory` (None: TFF's mean) as model aggregator,
+  and the measurements that aggregator declares (`tff_dp.measurements`; a process reporting an
+  undeclared one is refused, RunFailedError).
 
   `public_ids`: AdaDPS's public clients (`side_info=public_clients`); `canaries`: clients may
   send a canary's update (fed_avg.py)."""
@@ -61,9 +65,13 @@ def build(task, training: config_lib.TrainingConfig, adadps: config_lib.AdaDPSCo
       model_aggregator=aggregator if uniform else None, uniform=uniform,
       loop_implementation=LOOP_IMPLEMENTATIONS[runtime.loop_implementation],
       canaries=canaries)
+  # A measurement no factory declares has no known coverage: refused before the run writes.
+  model_aggregator = aggregator if uniform else None
+  reporting.check_declared(model_aggregator,
+                           process.next.type_signature.result.metrics.member['aggregator'])
   if runtime.datasets_on_workers:
     process = _with_datasets_on_workers(process, task)
-  return process
+  return process, measurements.declared(model_aggregator)
 
 
 def _with_datasets_on_workers(process, task):

@@ -159,9 +159,9 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
                                 ledger_key_path=run_dir.secret_file(
                                     build_privacy.LEDGER_KEY_FILE),
                                 mechanism_settings=config.mechanism_settings())
-  process = build_process.build(task, config.training, config.adadps, config.runtime,
-                                privacy.dp_factory, public_ids=public_ids,
-                                canaries=bool(config.canaries.num_canaries))
+  process, measurements = build_process.build(
+      task, config.training, config.adadps, config.runtime, privacy.dp_factory,
+      public_ids=public_ids, canaries=bool(config.canaries.num_canaries))
   canaries = _canaries(config.canaries, canary_counts, canary_key, process, task, train_ids,
                        privacy.delta, run_dir.file(canary_scores.FILE))
   stop.raise_if_received('during start-up')
@@ -184,7 +184,7 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
   facts = release.RunFacts(
       dp=privacy.accountant is not None, noise_state_in_checkpoints=privacy.noise_state,
       eval_covered=evaluation_data.covered, seeded=config.sampling.sampling_seed is not None,
-      private_release=config.output.private_release)
+      private_release=config.output.private_release, measurements=measurements)
   stop.run_dir = run_dir.path   # A stop from here on leaves the run directory behind.
   _write_start(config, task, run_dir, facts, changes, len(population),
                privacy.delta, keys={

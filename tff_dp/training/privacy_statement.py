@@ -19,8 +19,10 @@ caller.
 
 from typing import Any, Iterable, Mapping, Optional
 
+from tff_dp import measurements
 from tff_dp import mechanisms
 from tff_dp.accounting import guarantee as guarantee_lib
+from tff_dp.run_format import columns
 from tff_dp.run_format import release
 
 NEIGHBORING_RELATION = 'add_remove'
@@ -122,6 +124,7 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
       'secrets': release.outputs_of_class(release.SECRET, facts, files),
       'private_release': facts.private_release,
       'non_private_diagnostics': _diagnostics(facts, released_columns, files),
+      'aggregator_measurements': _aggregator_measurements(facts),
       'note': ('publish the release/ folder as it is; keep everything under secret/ (and '
                'config.json if it holds a sampling seed) to yourself'
                if facts.private_release else
@@ -216,6 +219,14 @@ def _sampling(event) -> dict[str, Any]:
     sampling['note'] = ('a sampling seed was given: whoever holds it knows every round\'s '
                         'sample, and the amplification by sampling does not hold against them')
   return sampling
+
+
+def _aggregator_measurements(facts: release.RunFacts) -> dict[str, str]:
+  """Each `aggregator/<key>` column family: whether it is covered, and what it holds, as the
+  factory that reports it declares it."""
+  return {f'{columns.AGGREGATOR}/{m.key}':
+          f'{"covered" if m.covered else "non-private diagnostic"}: {m.meaning}'
+          for m in measurements.flattened(facts.measurements)}
 
 
 def _diagnostics(facts: release.RunFacts, released_columns: Iterable[str],
