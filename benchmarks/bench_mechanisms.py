@@ -46,9 +46,13 @@ def _final_noise(factory, dim: int, rounds: int) -> tuple[float, float]:
   process = factory.create(tff.to_type([(np.float32, [dim])]))
   state, total = process.initialize(), np.zeros(dim)
   zero = [[np.zeros(dim, np.float32)]]
+  # Correlated noise is fed from beside the process, as a run feeds it (aggregators.noise_feed).
+  feed = factory.noise_feed() if hasattr(factory, 'noise_feed') else None
   t0 = time.perf_counter()
-  for _ in range(rounds):
-    out = process.next(state, zero)
+  for r in range(1, rounds + 1):
+    out = process.next(feed.into(state, r) if feed else state, zero)
+    if feed:
+      feed.commit(r)
     state, total = out.state, total + np.asarray(out.result[0], np.float64)
   return float(np.std(total)), (time.perf_counter() - t0) / rounds
 

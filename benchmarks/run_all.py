@@ -9,7 +9,6 @@ BENCHMARKS = [
     ['bench_rounds.py'],                  # s/round per task; DP vs plain FedAvg
     ['bench_factories.py'],               # every aggregator vs plain/TFF DP: time, peak memory
     ['bench_mechanisms.py'],              # DP-FTRL mechanisms' noise in the model at equal epsilon
-    ['bench_noise_state.py'],             # BandMF's noise state: riding the round trip vs held
     ['bench_throughput.py'],              # our whole round vs plain TFF without DP (<= 1.2x)
     ['bench_limit.py'],                   # our round vs raw TF client work and TFF defaults
     ['bench_scaling.py'],                 # round time vs clients/round and vs loopback workers

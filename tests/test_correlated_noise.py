@@ -17,6 +17,7 @@ from tff_dp import ledger as ledger_lib
 from tff_dp import mechanisms
 from tff_dp import sampling
 from tff_dp.accounting import correlated
+from tff_dp.matrix_factorization import streaming
 from tff_dp.matrix_factorization import toeplitz
 from run_helpers import main_in_process
 from run_helpers import run_stopped_after
@@ -32,15 +33,18 @@ def _process(factory, shapes):
 @pytest.mark.parametrize('kind', ['blt', 'bandmf'])
 def test_with_noise_off_the_factories_are_tffs_fixed_clip_mean(kind):
   shapes, m = [(3,), (2,)], 4
-  ours = _process(mechanisms.build_aggregator(
-      kind, noise_multiplier=0.0, clients_per_round=float(m), clip=0.7, **SCHEDULE), shapes)
+  factory = mechanisms.build_aggregator(
+      kind, noise_multiplier=0.0, clients_per_round=float(m), clip=0.7, **SCHEDULE)
+  ours = _process(factory, shapes)
   theirs = _process(tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
       noise_multiplier=0.0, clients_per_round=float(m), clip=0.7), shapes)
+  feed = factory.noise_feed()
   rng = np.random.default_rng(0)
   s_ours, s_theirs = ours.initialize(), theirs.initialize()
-  for _ in range(3):
+  for r in range(1, 4):
     clients = [[rng.normal(size=s).astype(np.float32) * 2 for s in shapes] for _ in range(m)]
-    a, b = ours.next(s_ours, clients), theirs.next(s_theirs, clients)
+    a, b = ours.next(feed.into(s_ours, r), clients), theirs.next(s_theirs, clients)
+    feed.commit(r)
     s_ours, s_theirs = a.state, b.state
     for x, y in zip(a.result, b.result):
       np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
@@ -56,10 +60,11 @@ def test_the_noise_is_the_strategys_inverse_applied_to_fresh_draws(kind):
   coefs = correlated.coefs_of(factory.strategy)
   sens2 = toeplitz.sensitivity_squared_brute_force(toeplitz.materialize(coefs, n), 2, 3)
   assert factory.stddev == pytest.approx(z * clip * sens2 ** 0.5, rel=1e-9)
-  process = _process(factory, [(20000,)])
+  process, feed = _process(factory, [(20000,)]), factory.noise_feed()
   state, rounds = process.initialize(), []
-  for _ in range(n):
-    out = process.next(state, [[np.zeros(20000, np.float32)]])
+  for r in range(1, n + 1):
+    out = process.next(feed.into(state, r), [[np.zeros(20000, np.float32)]])
+    feed.commit(r)
     state = out.state
     rounds.append(np.asarray(out.result[0]) * m / factory.stddev)
     reported = out.measurements['privacy_queries']['update']
@@ -71,6 +76,41 @@ def test_the_noise_is_the_strategys_inverse_applied_to_fresh_draws(kind):
   diagonal = np.diag(expected)
   stderr = np.sqrt((np.outer(diagonal, diagonal) + expected ** 2) / 20000)
   assert np.all(np.abs(np.cov(np.stack(rounds)) - expected) < 5 * stderr)
+
+
+def test_a_round_whose_noise_was_not_fed_fails_and_the_feed_is_exact():
+  """The noise state stays beside the process (aggregators.noise_feed): a round the feed did not
+  fill for fails; a round fed twice (abandoned, then run) gets the same noise; a feed restored
+  from a checkpoint's entries continues the uninterrupted noise, which is C^-1 applied to the
+  draws of (seed, round)."""
+  n, shapes = SCHEDULE['rounds'], [(3,), (2,)]
+  factory = mechanisms.build_aggregator('bandmf', noise_multiplier=1.0, clients_per_round=1.0,
+                                        clip=1.0, bands=3, noise_seed=5, **SCHEDULE)
+  process = _process(factory, shapes)
+  zeros = [[np.zeros(s, np.float32) for s in shapes]]
+  with pytest.raises(Exception, match='noise of this round was not fed'):
+    process.next(process.initialize(), zeros)
+  feed, state, noise = factory.noise_feed(), process.initialize(), []
+  for r in range(1, n + 1):
+    if r == 3:
+      saved = feed.state()
+      abandoned = feed.into(state, r)   # A round abandoned by a stop: not committed.
+    out = process.next(feed.into(state, r), zeros)
+    feed.commit(r)
+    state = out.state
+    noise.append(np.concatenate([np.ravel(x) for x in out.result]) / factory.stddev)
+  assert feed.seed == 5
+  with pytest.raises(ValueError, match='cannot feed round 2'):
+    feed.into(state, 2)
+  flat = lambda s: np.concatenate([np.ravel(x) for x in s.query_state.numerator_state.noise])
+  np.testing.assert_allclose(flat(abandoned), noise[2], rtol=1e-5, atol=1e-6)
+  resumed = factory.noise_feed()
+  resumed.restore(saved)   # The feed as the checkpoint of round 2 holds it.
+  np.testing.assert_allclose(flat(resumed.into(state, 3)), noise[2], rtol=1e-5, atol=1e-6)
+  draws = np.stack([streaming.fresh_draws(5, r, 5) for r in range(1, n + 1)])
+  coefs = correlated.coefs_of(factory.strategy)
+  np.testing.assert_allclose(np.stack(noise), np.linalg.solve(
+      toeplitz.materialize(coefs, n), draws), rtol=1e-4, atol=1e-5)
 
 
 def test_the_min_separation_sampler_visits_every_client_every_cycle():

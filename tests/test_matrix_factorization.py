@@ -12,6 +12,7 @@ from tff_dp import mechanisms
 from tff_dp.accounting import correlated
 from tff_dp.matrix_factorization import banded
 from tff_dp.matrix_factorization import blt
+from tff_dp.matrix_factorization import streaming
 from tff_dp.matrix_factorization import toeplitz
 
 STRATEGY = blt.BLT(buf_decay=(0.9, 0.5), output_scale=(0.3, 0.2))
@@ -94,19 +95,56 @@ def test_prefix_sum_errors_against_dense():
   assert toeplitz.prefix_sum_errors(c, n) == pytest.approx((rows.max(), rows.mean()))
 
 
-def test_the_noise_stream_is_the_inverse_applied_to_fresh_draws():
-  n, shape = 8, (3,)
-  stream = blt.NoiseStream(STRATEGY, shape, np.random.default_rng(0))
-  z = np.random.default_rng(1).standard_normal((n,) + shape)
-  noise = np.stack([stream.apply(z[t]) for t in range(n)])
-  inverse = np.linalg.inv(_dense_toeplitz(STRATEGY.coefs(n), n))
-  np.testing.assert_allclose(noise, inverse @ z, atol=1e-12)
-  # Its covariance over many draws is C^-1 C^-T (one coordinate per draw).
-  draws = 40000
-  stream = blt.NoiseStream(STRATEGY, (draws,), np.random.default_rng(2))
-  samples = np.stack([stream.next() for _ in range(4)])
-  inverse = inverse[:4, :4]
-  np.testing.assert_allclose(np.cov(samples), inverse @ inverse.T, atol=0.03)
+def _run(stream, z, state=None):
+  """The stream's outputs for the rows of z (each round's draws), and its last state."""
+  state = stream.start(z.shape[1], z.dtype) if state is None else state
+  out = []
+  for row in z:
+    w, state = stream.advance(state, row)
+    out.append(w)
+  return np.stack(out), state
+
+
+@pytest.mark.parametrize('strategy', ['blt', 'banded', 'independent'])
+def test_the_noise_stream_is_the_inverse_applied_to_fresh_draws(strategy):
+  n, d = 9, 5
+  if strategy == 'blt':
+    stream, coefs = streaming.Stream(STRATEGY.buf_decay, STRATEGY.output_scale), STRATEGY.coefs(n)
+  else:
+    coefs = banded.banded_sqrt_coefs(4 if strategy == 'banded' else 1)
+    stream = streaming.Stream(coefs=tuple(coefs))
+  z = np.random.default_rng(1).standard_normal((n, d))
+  noise, last = _run(stream, z)
+  dense = _dense_toeplitz(np.pad(coefs, (0, n - len(coefs))), n)
+  np.testing.assert_allclose(noise, np.linalg.solve(dense, z), atol=1e-12)
+  assert last.step == n and len(last.buffers) == stream.num_buffers
+  # Pure: a state already used advances again to the same noise (a round fed twice).
+  first, after_one = stream.advance(stream.start(d, z.dtype), z[0])
+  again, _ = stream.advance(stream.start(d, z.dtype), z[0])
+  np.testing.assert_array_equal(first, again)
+  # Resumed from the state after 4 rounds: the uninterrupted noise.
+  _, mid = _run(stream, z[:4])
+  np.testing.assert_allclose(_run(stream, z[4:], mid)[0], noise[4:], atol=1e-12)
+
+
+def test_a_banded_stream_keeps_one_new_array_per_round():
+  """Its state is its last bands - 1 outputs; advancing shares all but the newest, so the
+  state of a completed round and of a round in flight cost one model copy more than one."""
+  stream = streaming.Stream(coefs=tuple(banded.banded_sqrt_coefs(5)))
+  state = stream.start(3)
+  for row in np.random.default_rng(0).standard_normal((6, 3)).astype(np.float32):
+    w, nxt = stream.advance(state, row)
+    assert nxt.buffers[0] is w and all(a is b for a, b in zip(nxt.buffers[1:], state.buffers))
+    assert w.dtype == np.float32 and all(b.dtype == np.float32 for b in nxt.buffers)
+    state = nxt
+
+
+def test_fresh_draws_are_a_function_of_the_seed_and_the_round():
+  a = streaming.fresh_draws(7, 3, 1000)
+  np.testing.assert_array_equal(a, streaming.fresh_draws(7, 3, 1000))
+  assert a.dtype == np.float32 and abs(np.std(a) - 1) < 0.1
+  for other in (streaming.fresh_draws(7, 4, 1000), streaming.fresh_draws(8, 3, 1000)):
+    assert abs(np.corrcoef(a, other)[0, 1]) < 0.15
 
 
 def test_the_optimizer_beats_independent_noise_and_a_grid_of_one_buffer_blts():
@@ -157,9 +195,9 @@ def test_the_noise_in_the_final_prefix_sum_matches_its_theory():
   n, b, k, z, clip = 16, 4, 3, 0.9, 0.5
   found = mechanisms.get('blt').strategy(n, b, k, max_buffers=2)
   scale = z * clip * found.sensitivity_squared ** 0.5
-  stream = blt.NoiseStream(blt.BLT(found.params['buf_decay'], found.params['output_scale']),
-                           (50000,), np.random.default_rng(0))
-  total = sum(stream.next() for _ in range(n)) * scale   # Zero updates: the sum is noise.
+  stream = streaming.Stream(tuple(found.params['buf_decay']), tuple(found.params['output_scale']))
+  z = np.random.default_rng(0).standard_normal((n, 50000))
+  total = _run(stream, z)[0].sum(axis=0) * scale   # Zero updates: the sum is noise.
   assert np.std(total) == pytest.approx(correlated.noise_std_in_model(found.coefs, n, scale),
                                         rel=0.02)
 

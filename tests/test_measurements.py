@@ -40,10 +40,11 @@ def _reported_paths(value, path=()):
     yield path
 
 
-def _one_round(factory):
+def _one_round(factory, feed):
   process = factory.create(VALUE_TYPE)
   clients = [[np.full(s, c, np.float32) for s in SHAPES] for c in (1.0, np.nan)]
-  return process, process.next(process.initialize(), clients).measurements
+  state = process.initialize()
+  return process, process.next(feed.into(state, 1) if feed else state, clients).measurements
 
 
 @pytest.mark.parametrize('kind', sorted(mechanisms.MECHANISMS))
@@ -52,7 +53,8 @@ def test_every_mechanism_declares_each_measurement_its_process_reports(kind):
                                       clip=1.0, **EXTRA.get(kind, {}))
   scales = [np.full(s, 2.0, np.float32) for s in SHAPES]
   factory = non_finite.NonFiniteZeroingFactory(preconditioned.PreconditionedFactory(scales, inner))
-  process, reported = _one_round(factory)
+  feed = inner.noise_feed() if hasattr(inner, 'noise_feed') else None   # Correlated noise.
+  process, reported = _one_round(factory, feed)
   declared = measurements.declared(factory)
   paths = list(_reported_paths(reported))
   assert paths

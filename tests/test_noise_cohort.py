@@ -33,7 +33,10 @@ def test_the_noise_added_is_z_clip_m_over_big_m_on_the_sum(kind, extra):
                                            **extra)
   process = factory.create(tff.to_type((np.float32, [DIM])))
   # Clients that send zero updates: the mean is the noise alone, sum noise / m.
-  out = process.next(process.initialize(), [np.zeros(DIM, np.float32)] * M_TRAINED)
+  state = process.initialize()
+  if kind == 'blt':   # Its noise is fed from beside the process (aggregators.noise_feed).
+    state = factory.noise_feed().into(state, 1)
+  out = process.next(state, [np.zeros(DIM, np.float32)] * M_TRAINED)
   mean_noise = np.asarray(out.result)
   # The round's first noise is a fresh draw (tree leaf 1; BLT: C^-1's first coefficient is 1),
   # scaled for blt by the strategy's sensitivity: 10 rounds, 5 apart, at most twice.

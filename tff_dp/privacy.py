@@ -7,7 +7,8 @@ accountant bound together, so that a pipeline goes from its loop to epsilon in a
         model_fn, client_optimizer_fn, model_aggregator=private.aggregator)
     state = process.initialize()
     for r in range(1, 7):
-      output = process.next(state, [datasets[c] for c in private.sample(r)])
+      output = process.next(private.state_for(r, state),
+                            [datasets[c] for c in private.sample(r)])
       state = output.state
       private.record(r, output.metrics)
     private.epsilon(), private.statement()
@@ -17,7 +18,9 @@ DP-FedAvg kinds, shuffled epochs for tree DP-FTRL, min separation for BLT / Band
 Poisson for amplified BandMF); another is refused unless the claim table has a proof for it.
 Each round is recorded from what the aggregator itself reported (`privacy_queries`), appended
 to a ledger when `ledger_path` is given, and accounted; the statement names the relation and
-its theorem. The samples are secret (OS randomness) unless `sampling_seed` is given, and then
+its theorem. `state_for` gives the state a round starts from: for BLT / BandMF, with the
+round's noise written into it (their noise state stays here, `aggregators.noise_feed`). The
+samples are secret (OS randomness) unless `sampling_seed` is given, and then
 the statement's headline is the epsilon against the seed holder.
 """
 
@@ -52,6 +55,8 @@ class PrivateAggregation:
   claim: claims.Claim
   ledger: Optional[ledger_lib.PrivacyLedger] = None
   records: list = dataclasses.field(default_factory=list)
+  # Correlated noise: what writes each round's noise into the process state (else None).
+  feed: Optional[Any] = None
 
   @classmethod
   def build(cls, kind: str, client_ids: Sequence[Hashable], *, clients_per_round: int,
@@ -94,13 +99,20 @@ class PrivateAggregation:
         clip=clip, **options)
     ledger = (ledger_lib.PrivacyLedger(ledger_path, mac_key=ledger_key)
               if ledger_path is not None else None)
+    feed = aggregator.noise_feed() if hasattr(aggregator, 'noise_feed') else None
     return cls(kind, aggregator, sampler,
                accountant_lib.LedgerAccountant(delta, neighboring_relation=claim.columns_relation),
-               claim, ledger)
+               claim, ledger, feed=feed)
 
   def sample(self, round_num: int) -> list:
     """The clients of round `round_num` (1-based), drawn once."""
     return self.sampler.sample(round_num)
+
+  def state_for(self, round_num: int, state):
+    """The state `process.next` takes for round `round_num`: `state` itself, or for correlated
+    noise `state` with the round's noise written into it (a round not recorded is fed the
+    same noise again)."""
+    return state if self.feed is None else self.feed.into(state, round_num)
 
   def record(self, round_num: int, metrics) -> ledger_lib.RoundRecord:
     """Records round `round_num` from the process's output metrics (or the aggregator's own
@@ -113,6 +125,8 @@ class PrivateAggregation:
     record = ledger_lib.RoundRecord(round_num, self.sampler.sampling_event(round_num),
                                     tuple(queries), aggregators.find_tree_leaf(found),
                                     getattr(self.aggregator, 'strategy', None))
+    if self.feed is not None:
+      self.feed.commit(round_num)
     if self.ledger is not None:
       self.ledger.append(record)
     self.accountant.add(record)

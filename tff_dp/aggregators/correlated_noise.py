@@ -3,17 +3,17 @@ update to `clip`, sums, and adds the round's correlated noise stddev x (C^-1 z)_
 standard Gaussian draws, then divides by `clients_per_round`.
 
 The strategy C is a lower-triangular Toeplitz matrix (`tff_dp.matrix_factorization`), given as
-a BLT (`buf_decay`, `output_scale`) or by banded coefficients. Solving C w = z one round at a
-time needs, for a BLT, one model-sized buffer per pair (w_t = z_t - sum_i omega_i s_i, then
-s_i <- theta_i s_i + w_t: the forward parameters, all real) and, for `bands` coefficients, the
-last bands - 1 outputs (w_t = (z_t - sum_j c_j w_{t-j}) / c_0). Summed over rounds the model
+a BLT (`buf_decay`, `output_scale`) or by banded coefficients. Summed over rounds the model
 receives the prefix sums plus A C^-1 z: the matrix mechanism.
 
-The noise state (buffers, seed and step) is in the aggregator's state, hence in checkpoints:
-a secret of the run (`RunFacts.noise_state_in_checkpoints`). Noise seeds come from OS randomness
-as the tree factories' do. Each round reports (Contract 1) `privacy_queries` {update: (clip,
-stddev)}, stddev the std of the fresh draws; the strategy the ledger replays is the factory's
-`strategy` (fixed when it is built).
+The noise state (a BLT's buffers, a banded strategy's last bands - 1 outputs: many model copies)
+stays beside the process, in the coordinator: `noise_feed()` gives what writes each round's noise
+into the process state before the round (`tff_dp.aggregators.noise_feed`), so that one noise
+input, not the whole noise state, crosses to the worker each round. The feed's seed and buffers
+are in checkpoints: a secret of the run (`RunFacts.noise_state_in_checkpoints`). Noise seeds
+come from OS randomness as the tree factories' do. Each round reports (Contract 1)
+`privacy_queries` {update: (clip, stddev)}, stddev the std of the fresh draws; the strategy the
+ledger replays is the factory's `strategy` (fixed when it is built).
 """
 
 import collections
@@ -26,8 +26,10 @@ import tensorflow_privacy as tfp
 
 from tff_dp import ledger
 from tff_dp.accounting import correlated
+from tff_dp.matrix_factorization import streaming
 from tff_dp.aggregators import fixed
 from tff_dp.aggregators import groups as groups_lib
+from tff_dp.aggregators import noise_feed
 from tff_dp.aggregators import privacy_queries
 from tff_dp.aggregators import tree_aggregation
 from tff_dp.aggregators import reporting
@@ -35,31 +37,18 @@ from tff_dp.aggregators.reporting import ReportingDPFactory
 
 
 class CorrelatedSumQuery(tfp.SumAggregationDPQuery):
-  """Sum of records clipped to `l2_norm_clip`, plus `stddev` x (C^-1 z)_t (module docstring).
+  """Sum of records clipped to `l2_norm_clip`, plus `stddev` x the round's noise w_t, which the
+  coordinator writes into the state before the round (`noise_feed`); a round whose noise was
+  not written for it fails."""
 
-  Exactly one of (`buf_decay`, `output_scale`) for a BLT or `coefs` for a banded strategy.
-  """
-
-  _GlobalState = collections.namedtuple(
-      '_GlobalState', ['l2_norm_clip', 'stddev', 'seed', 'step', 'buffers'])
-
-  def __init__(self, l2_norm_clip: float, stddev: float, record_specs, *, seed: int,
-               buf_decay: Sequence[float] = (), output_scale: Sequence[float] = (),
-               coefs: Sequence[float] = ()):
-    if bool(buf_decay) == bool(coefs):
-      raise ValueError('give a BLT (buf_decay, output_scale) or banded coefs, not both')
-    self._clip, self._stddev, self._specs, self._seed = l2_norm_clip, stddev, record_specs, seed
-    self._theta, self._omega = [float(v) for v in buf_decay], [float(v) for v in output_scale]
-    self._coefs = [float(c) for c in coefs]
-    self._num_buffers = len(self._theta) if self._theta else len(self._coefs) - 1
+  def __init__(self, l2_norm_clip: float, stddev: float, record_specs):
+    self._clip, self._stddev, self._specs = l2_norm_clip, stddev, record_specs
 
   def initial_global_state(self):
-    zeros = tuple(tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), self._specs)
-                  for _ in range(self._num_buffers))
-    return self._GlobalState(tf.constant(self._clip, tf.float32),
-                             tf.constant(self._stddev, tf.float32),
-                             tf.constant([self._seed >> 32, self._seed & 0xFFFFFFFF], tf.int64),
-                             tf.constant(0, tf.int64), zeros)
+    zeros = tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), self._specs)
+    return noise_feed.FedNoise(tf.constant(self._clip, tf.float32),
+                               tf.constant(self._stddev, tf.float32),
+                               tf.constant(0, tf.int64), tf.constant(0, tf.int64), zeros)
 
   def derive_sample_params(self, global_state):
     return global_state.l2_norm_clip
@@ -68,34 +57,12 @@ class CorrelatedSumQuery(tfp.SumAggregationDPQuery):
     flat, _ = tf.clip_by_global_norm(tf.nest.flatten(record), params)
     return tf.nest.pack_sequence_as(record, flat)
 
-  def _fresh_draws(self, global_state, template):
-    seed = tf.random.experimental.stateless_fold_in(global_state.seed, global_state.step)
-    flat = tf.nest.flatten(template)
-    draws = [tf.random.stateless_normal(
-        tf.shape(v), tf.random.experimental.stateless_fold_in(seed, i), dtype=v.dtype)
-             for i, v in enumerate(flat)]
-    return tf.nest.pack_sequence_as(template, draws)
-
-  def _next_noise(self, z, buffers):
-    """(w_t, the next buffers) for the fresh draws z."""
-    if self._theta:
-      w = tf.nest.map_structure(
-          lambda zz, *bs: zz - tf.add_n([o * b for o, b in zip(self._omega, bs)]), z, *buffers)
-      new = tuple(tf.nest.map_structure(lambda b, ww, th=th: th * b + ww, buf, w)
-                  for th, buf in zip(self._theta, buffers))
-      return w, new
-    c0, rest = self._coefs[0], self._coefs[1:]
-    if not rest:
-      return tf.nest.map_structure(lambda zz: zz / c0, z), buffers
-    w = tf.nest.map_structure(
-        lambda zz, *hs: (zz - tf.add_n([c * h for c, h in zip(rest, hs)])) / c0, z, *buffers)
-    return w, (w,) + tuple(buffers[:-1])
-
   def get_noised_result(self, sample_state, global_state):
-    z = self._fresh_draws(global_state, sample_state)
-    w, buffers = self._next_noise(z, global_state.buffers)
-    result = tf.nest.map_structure(lambda s, ww: s + global_state.stddev * ww, sample_state, w)
-    new_state = global_state._replace(step=global_state.step + 1, buffers=buffers)
+    result = tf.nest.map_structure(lambda s, w: s + global_state.stddev * w, sample_state,
+                                   global_state.noise)
+    new_state = global_state._replace(
+        step=global_state.step + 1, noise=tf.nest.map_structure(tf.zeros_like,
+                                                                global_state.noise))
     return result, new_state, dp_accounting.UnsupportedDpEvent()
 
 
@@ -118,7 +85,7 @@ class CorrelatedNoiseFactory(tff.aggregators.UnweightedAggregationFactory):
     self.clients_per_round = float(clients_per_round)
     self.stddev = self.noise_multiplier * self.clip * float(sensitivity)
     self.noise_seed = noise_seed
-    tree_aggregation.noise_seed(noise_seed)   # Checked now, drawn per `create`.
+    tree_aggregation.noise_seed(noise_seed)   # Checked now; the feed draws its own if None.
 
   @classmethod
   def for_strategy(cls, found: correlated.Strategy, *, rounds: int, min_separation: int,
@@ -136,29 +103,58 @@ class CorrelatedNoiseFactory(tff.aggregators.UnweightedAggregationFactory):
                noise_seed=noise_seed)
 
   @property
+  def stream(self) -> streaming.Stream:
+    """C^-1 applied forward: a BLT by its buffers, any other strategy by its coefficients."""
+    if self.strategy.buf_decay:
+      return streaming.Stream(buf_decay=tuple(self.strategy.buf_decay),
+                              output_scale=tuple(self.strategy.output_scale))
+    return streaming.Stream(coefs=self.coefs)
+
+  @property
   def num_buffers(self) -> int:
-    """Model-sized tensors the noise state holds (its memory: that many model copies)."""
-    if self.strategy.buf_decay:   # A BLT: its buffers.
-      return len(self.strategy.buf_decay)
-    return len(self.coefs) - 1
+    """Model-sized arrays the noise feed holds (its memory: that many model copies)."""
+    return self.stream.num_buffers
+
+  def noise_feed(self) -> noise_feed.NoiseFeed:
+    """What feeds this factory's processes their noise (`noise_feed`), seeded with
+    `noise_seed` or, if None, from OS randomness."""
+    return noise_feed.NoiseFeed(self.stream, tree_aggregation.noise_seed(self.noise_seed))
 
   def measurements(self) -> tuple[reporting.Measurement, ...]:
     return reporting.declare()
 
   def create(self, value_type) -> tff.templates.AggregationProcess:
     specs, _ = groups_lib.value_specs_and_shapes(value_type)
-    seed = tree_aggregation.noise_seed(self.noise_seed)
-    if self.strategy.buf_decay:   # A BLT: streamed with its buffers.
-      shape = dict(buf_decay=self.strategy.buf_decay, output_scale=self.strategy.output_scale)
-    else:
-      shape = dict(coefs=self.coefs)
-    query = tfp.NormalizedQuery(
-        CorrelatedSumQuery(self.clip, self.stddev, specs, seed=seed, **shape),
-        denominator=self.clients_per_round)
+    query = tfp.NormalizedQuery(CorrelatedSumQuery(self.clip, self.stddev, specs),
+                                denominator=self.clients_per_round)
 
     def tuples(query_state):
       state = query_state.numerator_state
       return collections.OrderedDict(
           update=privacy_queries.query_tuple(state.l2_norm_clip, state.stddev))
 
-    return ReportingDPFactory(query, tuples).create(value_type)
+    return _refusing_unfed_rounds(ReportingDPFactory(query, tuples).create(value_type))
+
+
+def _refusing_unfed_rounds(process: tff.templates.AggregationProcess):
+  """`process`, whose `next` fails on a state whose noise slot was not filled for the round.
+
+  Checked before the inner `next`, not in the query: TFF's DifferentiallyPrivateFactory runs
+  the query's `get_noised_result` on the initial state once in `initialize` (for its DpEvent).
+  """
+  state_type = process.initialize.type_signature.result.member
+
+  @tff.tensorflow.computation(state_type)
+  def check_fed(state):
+    slot = state.query_state.numerator_state
+    fed = tf.debugging.assert_equal(
+        slot.fed_round, slot.step + 1,
+        message='the correlated noise of this round was not fed (tff_dp NoiseFeed.into)')
+    with tf.control_dependencies([fed]):
+      return tf.nest.map_structure(tf.identity, state)
+
+  @tff.federated_computation(process.next.type_signature.parameter)
+  def next_fn(state, value):
+    return process.next(tff.federated_map(check_fed, state), value)
+
+  return tff.templates.AggregationProcess(process.initialize, next_fn)

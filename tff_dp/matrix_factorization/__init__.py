@@ -9,10 +9,11 @@ matrix given by its coefficients (C[t, s] = c[t - s]):
   formula).
 * `blt`: buffered linear Toeplitz strategies (Dvijotham et al. 2024; McMahan, Xu & Zhang 2024):
   c_0 = 1, c_k = sum_i output_scale_i buf_decay_i^(k-1); the inverse is a BLT in closed form;
-  the noise of a round comes from one buffer per parameter pair (`NoiseStream`); `optimize`
-  chooses the parameters for (rounds, min separation, max participations).
+  `optimize` chooses the parameters for (rounds, min separation, max participations).
 * `banded`: banded Toeplitz strategies: the banded square root of the prefix-sum matrix
   (coefficients binom(2k, k) / 4^k), column-normalized.
+* `streaming`: the noise of a run one round at a time, (C^-1 z)_t for fresh draws z_t that are
+  a function of (seed, round): a BLT's buffers or a banded strategy's last outputs, held once.
 
 Why ours: jax_privacy has these in JAX, which needs jax >= 0.7 and cannot share a process with
 TFF 0.87; the formulas are re-derived here and tested against dense matrices and brute force.

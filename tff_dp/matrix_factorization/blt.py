@@ -9,8 +9,8 @@ x_t 1. Its inverse is the system x_t = y_t - omega . s_t, s_{t+1} = (Theta - 1 o
 y_t 1, a BLT whose buf_decay are the eigenvalues of M = Theta - 1 omega^T and whose
 output_scale are -(omega^T V)_i (V^-1 1)_i (M = V diag(lambda) V^-1): `BLT.inverse`.
 
-The noise of round t is (C^-1 z)_t, computed by `NoiseStream` with the forward system solved
-for x (the recurrence the TF aggregator runs, `CorrelatedSumQuery`): x_t = z_t - omega . s_t,
+The noise of round t is (C^-1 z)_t, computed by `streaming.Stream` with the forward system solved
+for x (the recurrence the run's noise feed runs): x_t = z_t - omega . s_t,
 s_{t+1} = Theta s_t + x_t 1, all real, one model-sized buffer per pair updated once per round.
 The closed-form inverse (whose parameters may be complex) is the analysis's, not the stream's.
 """
@@ -68,28 +68,6 @@ class BLT:
 
 def _real_if_close(values: np.ndarray) -> np.ndarray:
   return np.real_if_close(values, tol=1e6)
-
-
-class NoiseStream:
-  """The correlated noise of rounds 1, 2, ...: (C^-1 z)_t for fresh standard Gaussian z_t of
-  `shape`, with one buffer of `shape` per pair of the inverse BLT (its memory: num_buffers
-  model copies). `state` / `from_state` carry the buffers across a checkpoint."""
-
-  def __init__(self, strategy: BLT, shape, rng: np.random.Generator):
-    self._theta = np.asarray(strategy.buf_decay, dtype=np.float64)
-    self._omega = np.asarray(strategy.output_scale, dtype=np.float64)
-    self._rng = rng
-    self.buffers = np.zeros((strategy.num_buffers,) + tuple(shape))
-
-  def next(self) -> np.ndarray:
-    z = self._rng.standard_normal(self.buffers.shape[1:])
-    return self.apply(z)
-
-  def apply(self, z: np.ndarray) -> np.ndarray:
-    """The next round's noise for the fresh draw z (and the buffers advanced)."""
-    out = z - np.tensordot(self._omega, self.buffers, axes=1)
-    self.buffers = self._theta.reshape((-1,) + (1,) * z.ndim) * self.buffers + out[None]
-    return out
 
 
 def _blt_from_params(params: np.ndarray) -> BLT:

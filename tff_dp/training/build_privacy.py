@@ -16,6 +16,7 @@ from tff_dp import choices
 from tff_dp import ledger as ledger_lib
 from tff_dp import mechanisms
 from tff_dp import sampling
+from tff_dp.aggregators import noise_feed
 from tff_dp.aggregators import privacy_queries as privacy_queries_lib
 from tff_dp.errors import UserInputError
 from tff_dp.training import config as config_lib
@@ -250,7 +251,7 @@ def available_memory_bytes() -> Optional[int]:
 
 def check_noise_memory(dp_factory, trainable_shapes, available: Optional[int]) -> None:
   """Refuses a correlated-noise strategy whose noise state (`num_buffers` model copies, kept
-  by the coordinator and by TFF's worker) would take more than half of `available` bytes."""
+  by the coordinator's noise feed) would take more than half of `available` bytes."""
   copies = getattr(dp_factory, 'num_buffers', 0)
   if not copies or available is None:
     return
@@ -260,8 +261,8 @@ def check_noise_memory(dp_factory, trainable_shapes, available: Optional[int]) -
     instead = ('`dp=blt` (a few buffers) or fewer `bands`' if dp_factory.strategy.bands
                else 'a smaller model')
     raise UserInputError(
-        f'`dp={kind}` keeps {copies} model copies of noise state ({need / 2**30:.2f} GiB, '
-        f'twice: coordinator and worker) with {available / 2**30:.2f} GiB available; use '
+        f'`dp={kind}` keeps {copies} model copies of noise state ({need / 2**30:.2f} GiB) '
+        f'with {available / 2**30:.2f} GiB available; use '
         f'{instead}')
 
 
@@ -272,7 +273,10 @@ def first_round_queries(process) -> tuple[ledger_lib.GaussianSumQuery, ...]:
   is touched, so this costs no privacy; the result is discarded): the aggregator reports the
   (clip, noise stddev) tuples of its pre-round state exactly as it will in round 1.
   """
-  output = process.next(process.initialize(), [])
+  state = process.initialize()
+  if noise_feed.holds_fed_noise(state):   # Zeros: this round's output is discarded.
+    state = noise_feed.with_zero_noise(state)
+  output = process.next(state, [])
   return tuple(privacy_queries_lib.find_privacy_queries(output.metrics['aggregator']))
 
 

@@ -38,6 +38,7 @@ from tff_dp.training import config as config_lib
 from tff_dp.training import evaluation
 from tff_dp.training import evaluation_hook
 from tff_dp.training import loop
+from tff_dp.training import noise_feed_hook
 from tff_dp.training import preflight
 from tff_dp.run_format import release
 from tff_dp.training import run_dir as run_dir_lib
@@ -177,6 +178,8 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
   build_privacy.check_noise_memory(privacy.dp_factory, evaluator.trainable_shapes,
                                    build_privacy.available_memory_bytes())
   hooks = _hooks(config.checkpoint_aggregation, evaluator, canaries)
+  if hasattr(privacy.dp_factory, 'noise_feed'):   # Correlated noise, fed from beside the process.
+    hooks.insert(0, noise_feed_hook.NoiseFeedHook(privacy.dp_factory.noise_feed()))
   stop.raise_if_received('during start-up')
 
   if resume and privacy.accountant is not None:

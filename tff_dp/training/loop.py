@@ -171,7 +171,10 @@ class _Rounds:
     # model moves by noise alone, and the round is recorded like any other, so that neither
     # the outputs nor the ledger reveal that the sample was empty.
     try:
-      output = c.process.next(self.progress.state, datasets)
+      state = self.progress.state
+      for hook in c.hooks:
+        state = hook.before_round(round_num, state)
+      output = c.process.next(state, datasets)
     except Exception as e:  # pylint: disable=broad-except
       if self.stop.received is not None:   # E.g. the worker was killed too: round abandoned.
         return None

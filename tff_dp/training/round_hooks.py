@@ -11,6 +11,8 @@ does nothing, so a hook implements only the points it needs:
                                     no checkpoint yet), `state` the restored process state
   split_sample(ids)                 pure: (ids the loop builds data for, ids the hook serves)
   round_values(values, own_ids)     the values `process.next` receives, given the built ones
+  before_round(round_num, state)    the state `process.next` receives for the round (a
+                                    correlated-noise run writes the round's noise into it)
   after_round(round)                after the round's ledger record and epsilon: add columns to
                                     `round.row`, replace `round.state` (the next round's start)
   checkpoint_entries()              {key: value} a checkpoint holds for the hook, restored into
@@ -84,6 +86,10 @@ class RoundHook:
   def round_values(self, values: Sequence[Any], own_ids: Sequence[Any]) -> list:
     del own_ids
     return list(values)
+
+  def before_round(self, round_num: int, state: Any) -> Any:
+    del round_num
+    return state
 
   def after_round(self, round_: Round) -> None:
     del round_

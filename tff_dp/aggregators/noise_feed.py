@@ -1,0 +1,152 @@
+"""Correlated noise fed to the process from beside it, one model-sized input per round.
+
+A correlated-noise mechanism's noise state (a BLT's buffers, a banded strategy's last bands - 1
+outputs) is many model copies. Held in the process's state, TFF would move all of it between
+Python, the coordinator and the worker every round (docs/BENCHMARKS.md: 76x the cost of one
+noise input at 64 bands on the StackOverflow LSTM). So the state holds one slot, `FedNoise`:
+before each round the coordinator writes the round's noise w_t (`NoiseFeed.into`, numpy:
+`matrix_factorization.streaming`), the round adds stddev x w_t to the clipped sum and empties
+the slot. A round whose slot was not filled for it fails (`fed_round` must be the round's
+number), so a process is never run without its noise.
+
+Use it around `next` of any process whose state holds one such slot (a `tff.learning` process
+built with `CorrelatedNoiseFactory`, or the factory's aggregation process alone):
+
+    feed = factory.noise_feed()
+    state = process.initialize()
+    for round_num in range(1, rounds + 1):
+      output = process.next(feed.into(state, round_num), data)
+      feed.commit(round_num)
+      state = output.state
+
+`feed.state()` / `feed.restore(saved)` carry the feed across a checkpoint; the seed and the
+buffers are secrets of the run (they reveal the noise).
+"""
+
+import collections
+from typing import Optional
+
+import attrs
+import numpy as np
+import tensorflow as tf
+
+from tff_dp.matrix_factorization import streaming
+
+FedNoise = collections.namedtuple(
+    'FedNoise', ['l2_norm_clip', 'stddev', 'step', 'fed_round', 'noise'])
+FedNoise.__doc__ = """The query state of a fed correlated-noise sum: the round's clip, the
+stddev of its fresh draws, the rounds completed (`step`), the round the slot was filled for
+(`fed_round`) and the noise w_t (the model's structure; zeros between rounds)."""
+
+
+class NoiseFeed:
+  """Fills the `FedNoise` slot of a process state with each round's noise (module docstring).
+
+  The feed holds the stream's state after the last committed round; `into` computes the next
+  round's noise from it (a round abandoned before `commit` is fed again the same noise).
+  """
+
+  def __init__(self, stream: streaming.Stream, seed: int):
+    self.stream = stream
+    self.seed = int(seed)
+    self._committed: Optional[streaming.StreamState] = None
+    self._pending: Optional[streaming.StreamState] = None
+
+  def start(self, state) -> None:
+    """Sizes the feed to the model of `state` (before its first round, or a `restore`)."""
+    if self._committed is None:
+      self._committed = self.stream.start(_size(_slot(state).noise))
+
+  def into(self, state, round_num: int):
+    """`state` with its slot filled for round `round_num` (the round after the last commit)."""
+    slot = _slot(state)
+    self.start(state)
+    done = self._committed.step
+    if round_num != done + 1:
+      raise ValueError(f'the noise feed is after round {done}: it cannot feed round {round_num}')
+    template = tf.nest.flatten(slot.noise)
+    z = streaming.fresh_draws(self.seed, round_num, _size(slot.noise))
+    w, self._pending = self.stream.advance(self._committed, z)
+    parts = np.split(w, np.cumsum([np.size(t) for t in template])[:-1])
+    noise = tf.nest.pack_sequence_as(slot.noise, [
+        p.reshape(np.shape(t)).astype(np.asarray(t).dtype, copy=False)
+        for p, t in zip(parts, template)])
+    return _replace_slot(state, slot._replace(fed_round=np.int64(round_num), noise=noise))
+
+  def commit(self, round_num: int) -> None:
+    """Round `round_num`, fed by the last `into`, completed."""
+    if self._pending is None or self._pending.step != round_num:
+      raise ValueError(f'round {round_num} was not fed')
+    self._committed, self._pending = self._pending, None
+
+  def state(self) -> collections.OrderedDict:
+    """What a checkpoint holds of the feed (secret): seed, rounds done, buffers."""
+    committed = self._committed
+    return collections.OrderedDict(seed=np.int64(self.seed), step=np.int64(committed.step),
+                                   buffers=list(committed.buffers))
+
+  def restore(self, saved) -> None:
+    """The feed as `state()` saved it."""
+    self.seed = int(saved['seed'])
+    self._committed = streaming.StreamState(
+        int(saved['step']), tuple(np.asarray(b) for b in saved['buffers']))
+    self._pending = None
+
+
+def with_zero_noise(state, round_num: int = 1):
+  """`state` with its slot filled with zeros for `round_num`: for a dry run that only reads
+  the round's measurements (nothing it outputs is released)."""
+  slot = _slot(state)
+  return _replace_slot(state, slot._replace(fed_round=np.int64(round_num)))
+
+
+def holds_fed_noise(state) -> bool:
+  return bool(_slots(state))
+
+
+def _size(noise) -> int:
+  return int(sum(np.size(t) for t in tf.nest.flatten(noise)))
+
+
+def _slot(state) -> FedNoise:
+  found = _slots(state)
+  if len(found) != 1:
+    raise ValueError(f'a noise feed needs a process state with one FedNoise slot, found '
+                     f'{len(found)}')
+  return found[0]
+
+
+def _slots(value) -> list:
+  if _is_slot(value):
+    return [value]
+  return [s for child in _children(value) for s in _slots(child)]
+
+
+def _is_slot(value) -> bool:
+  return getattr(value, '_fields', None) == FedNoise._fields
+
+
+def _children(value) -> list:
+  if attrs.has(type(value)):
+    return [getattr(value, f.name) for f in attrs.fields(type(value))]
+  if isinstance(value, dict):
+    return list(value.values())
+  if isinstance(value, (list, tuple)):
+    return list(value)
+  return []
+
+
+def _replace_slot(value, slot):
+  """`value` with its one slot replaced by `slot` (containers rebuilt along the way only)."""
+  if _is_slot(value):
+    return slot
+  if not _slots(value):
+    return value
+  if attrs.has(type(value)):
+    return attrs.evolve(value, **{f.name: _replace_slot(getattr(value, f.name), slot)
+                                  for f in attrs.fields(type(value)) if f.init})
+  if isinstance(value, dict):
+    return type(value)((k, _replace_slot(v, slot)) for k, v in value.items())
+  if hasattr(value, '_fields'):
+    return type(value)(*(_replace_slot(v, slot) for v in value))
+  return type(value)(_replace_slot(v, slot) for v in value)
