@@ -52,8 +52,8 @@ class Privacy:
 
   @property
   def noise_state(self) -> bool:
-    """Whether the aggregator's state holds its noise (tree or correlated noise): then
-    checkpoints are secrets."""
+    """Whether checkpoints hold the mechanism's noise state (the tree's, in the aggregator's
+    state; correlated noise's feed, its seed and buffers): then checkpoints are secrets."""
     return self.tree or self.correlated is not None
 
 
