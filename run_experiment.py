@@ -15,8 +15,8 @@ import os
 import signal
 import sys
 
-from tff_dp import native_logs  # No TensorFlow: imported first.
-from tff_dp.training import stop_signal  # No TensorFlow: imported first.
+from tff_dp.execution import native_logs  # No TensorFlow: imported first.
+from tff_dp.training.run_state import stop_signal  # No TensorFlow: imported first.
 
 
 def _end_during_start_up(signum: int) -> None:

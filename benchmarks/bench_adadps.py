@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_args  # noqa: E402  (no TensorFlow)
 
-from tff_dp import runtime as _runtime  # noqa: E402
+from tff_dp.execution import runtime as _runtime  # noqa: E402
 
 _runtime.manage_workers()   # No TFF worker outlives the benchmark.
 import numpy as np  # noqa: E402
@@ -26,7 +26,7 @@ import tensorflow_federated as tff  # noqa: E402
 
 from tff_dp import adadps  # noqa: E402
 from tff_dp.adadps import synthetic  # noqa: E402
-from tff_dp.training import adadps_setup  # noqa: E402
+from tff_dp.training.builders import adadps_setup  # noqa: E402
 from tff_dp.aggregators.fixed import FixedClipGaussianFactory  # noqa: E402
 from tff_dp.aggregators.preconditioned import PreconditionedFactory  # noqa: E402
 import tasks  # noqa: E402

@@ -20,7 +20,7 @@ import bench_args  # noqa: E402  (no TensorFlow)
 
 import numpy as np  # noqa: E402
 
-from tff_dp import runtime as _runtime  # noqa: E402
+from tff_dp.execution import runtime as _runtime  # noqa: E402
 
 _runtime.manage_workers()   # No TFF worker outlives the benchmark.
 from tff_dp import checkpoint_aggregation as ca  # noqa: E402

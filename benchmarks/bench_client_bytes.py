@@ -27,13 +27,13 @@ import bench_args  # noqa: E402  (no TensorFlow)
 
 import grpc  # noqa: E402
 
-from tff_dp import runtime as _runtime  # noqa: E402
+from tff_dp.execution import runtime as _runtime  # noqa: E402
 
 _runtime.manage_workers()   # No TFF worker outlives the benchmark.
 import bench_common  # noqa: E402  (its loopback worker helper)
 import tasks  # noqa: E402
 from tasks import synthetic_data  # noqa: E402
-from tff_dp import distributed  # noqa: E402
+from tff_dp.execution import distributed  # noqa: E402
 from tff_dp.training import config as config_lib  # noqa: E402
 from tff_dp.training import experiment  # noqa: E402
 

@@ -44,10 +44,10 @@ from tff_dp import accounting  # noqa: E402
 from tff_dp import aggregators  # noqa: E402
 from tff_dp import ledger as ledger_lib  # noqa: E402
 from tff_dp import mechanisms  # noqa: E402
-from tff_dp import runtime  # noqa: E402
+from tff_dp.execution import runtime  # noqa: E402
 
 runtime.manage_workers()   # No TFF worker outlives the benchmark.
-from tff_dp.training import adadps_setup  # noqa: E402
+from tff_dp.training.builders import adadps_setup  # noqa: E402
 
 _Z, _CLIP = 0.5, 1.0
 

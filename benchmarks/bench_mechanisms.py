@@ -31,7 +31,7 @@ import bench_args  # noqa: E402  (no TensorFlow)
 
 import numpy as np  # noqa: E402
 
-from tff_dp import runtime as _runtime  # noqa: E402
+from tff_dp.execution import runtime as _runtime  # noqa: E402
 
 _runtime.manage_workers()   # No TFF worker outlives the benchmark.
 import tensorflow_federated as tff  # noqa: E402

@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bench_args  # noqa: E402  (no TensorFlow)
 
-from tff_dp import runtime as _runtime  # noqa: E402
+from tff_dp.execution import runtime as _runtime  # noqa: E402
 
 _runtime.manage_workers()   # No TFF worker outlives the benchmark.
 

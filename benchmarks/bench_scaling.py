@@ -33,7 +33,7 @@ sys.path.insert(0, ROOT)
 
 import bench_args  # noqa: E402  (no TensorFlow)
 
-from tff_dp import runtime  # noqa: E402  (/proc helpers only; imports no TensorFlow)
+from tff_dp.execution import runtime  # noqa: E402  (/proc helpers only; imports no TensorFlow)
 
 _ROUND_SECONDS = re.compile(r'^round\s+(\d+)/\d+.*\s(\d+\.\d+)s\s*$')
 # Examples per client of the generated caches: a StackOverflow client of the real dataset has a

@@ -37,7 +37,7 @@ sys.path.insert(0, ROOT)
 
 import bench_args  # noqa: E402  (no TensorFlow)
 
-from tff_dp import runtime  # noqa: E402  (/proc helpers only; imports no TensorFlow)
+from tff_dp.execution import runtime  # noqa: E402  (/proc helpers only; imports no TensorFlow)
 
 _ROUND = re.compile(r'^round\s+(\d+)/')
 TARGET_GROWTH = 0.10

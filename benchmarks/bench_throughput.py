@@ -32,7 +32,7 @@ import tensorflow_federated as tff  # noqa: E402
 
 import tasks  # noqa: E402
 from tasks import synthetic_data  # noqa: E402
-from tff_dp import runtime  # noqa: E402
+from tff_dp.execution import runtime  # noqa: E402
 
 runtime.manage_workers()   # No TFF worker outlives the benchmark.
 from tff_dp.training import config as config_lib  # noqa: E402

@@ -21,7 +21,7 @@ _METADATA_COLUMNS = {'client_id', 'split_name', 'num_examples'}
 # StackOverflow cache at every start, and proportionally longer for TFF's multi-GB real file.
 # Above this size only the header, page count, schema and splits are checked; a damaged page is
 # then found when a client's rows are read, and the round loop rejects that client with the
-# SQLite error (tff_dp/training/client_data.py).
+# SQLite error (tff_dp/training/builders/client_data.py).
 QUICK_CHECK_MAX_BYTES = 256 * 2**20
 
 

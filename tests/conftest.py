@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 # that runs a registered task in this process finds it whichever files ran before it. That the
 # library works without them is tested in subprocesses (tests/test_config.py).
 import tasks  # noqa: E402,F401
-from tff_dp import runtime  # noqa: E402
+from tff_dp.execution import runtime  # noqa: E402
 
 runtime.manage_workers()
 

@@ -58,7 +58,7 @@ def main_in_process(name: str, args: list[str]) -> tuple[int, str, str]:
     # tests after it get the local one back. Only then: reinstalling stops the worker and
     # scans the heap for TFF's service managers (0.15 s with TensorFlow loaded).
     if 'tensorflow_federated' in sys.modules and _tff_context() is not context:
-      from tff_dp import runtime  # pylint: disable=g-import-not-at-top
+      from tff_dp.execution import runtime  # pylint: disable=g-import-not-at-top
       runtime.configure_execution_context()
   return code, out.getvalue(), err.getvalue()
 
@@ -119,7 +119,7 @@ def run_stopped_after(settings: dict, task, name: str, *, resume: bool = False,
   import signal
   from tff_dp.training import config as config_lib
   from tff_dp.training import experiment
-  from tff_dp.training import stop_signal
+  from tff_dp.training.run_state import stop_signal
   stop = stop_signal.StopSignal(lambda s: None)
 
   def log(line):

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tff_dp import runtime
+from tff_dp.execution import runtime
 from run_helpers import captured_stdout
 from run_helpers import REPO
 

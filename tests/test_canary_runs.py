@@ -25,11 +25,11 @@ from tff_dp import canaries
 from tff_dp import ledger as ledger_lib
 from tff_dp import mechanisms
 from tff_dp.canaries import insertion
-from tff_dp.training import adadps_setup
+from tff_dp.training.builders import adadps_setup
 from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
-from tff_dp.training import fed_avg
-from tff_dp.training import stop_signal
+from tff_dp.training.builders import fed_avg
+from tff_dp.training.run_state import stop_signal
 from run_helpers import metrics_rows
 
 CLIP, CLIENTS_PER_ROUND = 0.5, 4.0
@@ -261,7 +261,7 @@ CLAIMED_Z = 4.0
 def _audited_run(emnist, tmp_path, name, monkeypatch, noise_fraction):
   """A run whose ledger records noise multiplier CLAIMED_Z while its aggregator adds
   `noise_fraction` of that noise (1: the correct mechanism; below: a bug the audit must see)."""
-  from tff_dp.training import privacy_recorder  # pylint: disable=g-import-not-at-top
+  from tff_dp.training.run_state import privacy_recorder  # pylint: disable=g-import-not-at-top
   found = privacy_recorder.privacy_queries_lib.find_privacy_queries
 
   def as_claimed(metrics):
@@ -310,7 +310,7 @@ def test_the_audit_bounds_a_correct_run_below_its_claim_and_catches_an_under_noi
 
 def test_too_few_canaries_for_a_bound_is_said_at_the_start_and_in_the_statement():
   from tff_dp.canaries import audit  # pylint: disable=g-import-not-at-top
-  from tff_dp.training import canary_run  # pylint: disable=g-import-not-at-top
+  from tff_dp.training.rounds import canary_run  # pylint: disable=g-import-not-at-top
   fewest = audit.min_canaries_for_a_bound_over_guesses(1e-5)
   few = canary_run.CanaryRun(canaries.CanaryDirections(100, 3, fewest - 4, seed=1),
                              lambda: None, 1e-5, coin=True)

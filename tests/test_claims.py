@@ -313,7 +313,7 @@ def test_a_seeded_cyclic_poisson_run_headlines_the_epsilon_against_the_seed_hold
   import dp_accounting  # pylint: disable=g-import-not-at-top
   from tff_dp.accounting import guarantee  # pylint: disable=g-import-not-at-top
   from tff_dp.run_format import release  # pylint: disable=g-import-not-at-top
-  from tff_dp.training import privacy_statement  # pylint: disable=g-import-not-at-top
+  from tff_dp.training.report import privacy_statement  # pylint: disable=g-import-not-at-top
   records, sampler = _cyclic_records(seeded=True)
   against = guarantee.without_amplification(records, DELTA, ('rdp', 'pld'), 'add_remove')
   z = 2.0 / math.sqrt(3)
@@ -369,7 +369,7 @@ def test_samplers_key_on_ids_so_an_added_client_moves_no_other():
 
 
 def test_a_resume_on_another_population_is_refused(tmp_path):
-  from tff_dp.training import build_privacy  # pylint: disable=g-import-not-at-top
+  from tff_dp.training.builders import build_privacy  # pylint: disable=g-import-not-at-top
   path = str(tmp_path / 'population_digest')
   digest = build_privacy._check_population(IDS, path, False, None, True)
   sampling.save_key(path, digest)
@@ -429,7 +429,7 @@ def test_a_forged_ledger_with_a_recomputed_checksum_is_refused_given_the_key(tmp
 
 def test_too_few_canaries_give_no_point_estimate():
   from tff_dp import canaries  # pylint: disable=g-import-not-at-top
-  from tff_dp.training import privacy_statement  # pylint: disable=g-import-not-at-top
+  from tff_dp.training.report import privacy_statement  # pylint: disable=g-import-not-at-top
   weights = [np.zeros(50)]
   for k, expected in ((5, None), (canaries.MIN_CANARIES_FOR_AN_ESTIMATE, float)):
     tracker = canaries.CanaryTracker(

@@ -8,8 +8,8 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import synthetic_data
-from tff_dp.training.client_data import check_client_dataset
-from tff_dp.training.client_data import ClientDatasets
+from tff_dp.training.builders.client_data import check_client_dataset
+from tff_dp.training.builders.client_data import ClientDatasets
 
 
 class _Builder:

@@ -13,7 +13,7 @@ import tasks
 from tasks import synthetic_data
 from tff_dp import ledger as ledger_lib
 from tff_dp.errors import UserInputError
-from tff_dp.training import build_process
+from tff_dp.training.builders import build_process
 from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
 from test_tasks import ODD_IDS

@@ -13,7 +13,7 @@ import tasks
 from tasks import synthetic_data
 from tff_dp import ledger as ledger_lib
 from tff_dp import mechanisms
-from tff_dp import runtime
+from tff_dp.execution import runtime
 from tff_dp.accounting import accountant as accountant_lib
 from tff_dp.training import config as config_lib
 from tff_dp.training import experiment

@@ -12,7 +12,7 @@ from tff_dp import ledger as ledger_lib
 from tff_dp.errors import UserInputError
 from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
-from tff_dp.training import fed_avg
+from tff_dp.training.builders import fed_avg
 from run_helpers import metrics_rows
 
 
@@ -120,7 +120,7 @@ def test_loop_implementation_is_validated_and_may_change_on_resume(tmp_path):
 @pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_worker_restarts_between_rounds_leave_the_model_unchanged(data_dir, tmp_path):
   """--worker_restart_rounds=2: a fresh worker_binary from round 3 on, the same trained model."""
-  from tff_dp import runtime  # pylint: disable=g-import-not-at-top
+  from tff_dp.execution import runtime  # pylint: disable=g-import-not-at-top
   runtime.configure_execution_context()   # The context the CLI runs in (restarts need it).
   weights, pids = {}, {}
   for every in (0, 2):

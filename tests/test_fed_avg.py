@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_dp.training import fed_avg
+from tff_dp.training.builders import fed_avg
 
 
 @pytest.fixture

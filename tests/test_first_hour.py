@@ -14,7 +14,7 @@ import pytest
 from tff_dp import ledger as ledger_lib
 from tff_dp.training import config as config_lib
 from tff_dp.training import config_flags
-from tff_dp.training import stop_signal
+from tff_dp.training.run_state import stop_signal
 from run_helpers import main_in_process
 
 BASE = ['--task=stackoverflow_tag', '--dp=adaptive', '--clip=0.5', '--noise_multiplier=0.7',

@@ -7,7 +7,7 @@ import pytest
 import tasks
 from tasks import synthetic_data
 from tff_dp.adadps import side_information
-from tff_dp.training import run_dir as run_dir_lib
+from tff_dp.training.run_state import run_dir as run_dir_lib
 
 
 @pytest.fixture

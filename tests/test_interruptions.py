@@ -17,7 +17,7 @@ from run_helpers import metrics_rows
 from run_helpers import script
 from run_helpers import script_env
 from tff_dp import ledger as ledger_lib
-from tff_dp import runtime
+from tff_dp.execution import runtime
 from tff_dp.training import config_flags
 from tff_dp.training import preflight
 
@@ -99,7 +99,7 @@ def test_a_second_signal_before_anything_is_written_is_the_callers_to_end_on(mon
   TensorFlow's import, where it usually lands, a KeyboardInterrupt can be swallowed (a CI run
   saw start-up go on past 10 s). Once the run directory exists, the exception alone (the
   caller's cleanup leaves it consistent)."""
-  from tff_dp.training import stop_signal  # pylint: disable=g-import-not-at-top
+  from tff_dp.training.run_state import stop_signal  # pylint: disable=g-import-not-at-top
   # This test process's TFF worker (other files' tests use it) is not the signal's to stop.
   monkeypatch.setattr(stop_signal.runtime, 'shutdown_workers', lambda: None)
   for run_dir, expected in ((None, [signal.SIGINT]), ('/some/run', [])):

@@ -24,9 +24,9 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tasks import synthetic_data
-from tff_dp import executor_cache
-from tff_dp import runtime
-from tff_dp.training import run_dir as run_dir_lib
+from tff_dp.execution import executor_cache
+from tff_dp.execution import runtime
+from tff_dp.training.run_state import run_dir as run_dir_lib
 from run_helpers import script
 from run_helpers import script_env
 

@@ -27,7 +27,7 @@ def _python(code: str, env=None, timeout=60) -> subprocess.CompletedProcess:
 def test_native_records_are_dropped_and_other_lines_forwarded_in_order_then_stderr_is_back():
   done = _python(f"""
       import os, sys
-      from tff_dp import native_logs
+      from tff_dp.execution import native_logs
       before = os.fstat(2)
       print('python before', file=sys.stderr)
       with native_logs.held_back():
@@ -52,7 +52,7 @@ def test_native_records_are_dropped_and_other_lines_forwarded_in_order_then_stde
 def test_disabled_it_changes_nothing():
   done = _python(f"""
       import os
-      from tff_dp import native_logs
+      from tff_dp.execution import native_logs
       with native_logs.held_back(False):
         os.write(2, b'{TF_RECORD}\\n')
         assert native_logs.real_stderr_fd() is None
@@ -63,7 +63,7 @@ def test_disabled_it_changes_nothing():
 def test_a_child_given_the_real_stderr_outlives_the_block_and_is_heard():
   done = _python("""
       import subprocess, sys, time
-      from tff_dp import native_logs
+      from tff_dp.execution import native_logs
       with native_logs.held_back():
         late = 'import time, sys; time.sleep(1); print("child", file=sys.stderr)'
         child = subprocess.Popen([sys.executable, '-c', late],
@@ -82,7 +82,7 @@ def test_a_worker_started_as_tff_starts_it_does_not_hold_the_block_open():
   SIGTERM test went over its 10 s)."""
   done = _python("""
       import sys, time
-      from tff_dp import native_logs, runtime
+      from tff_dp.execution import native_logs, runtime
       with native_logs.held_back():
         late = 'import time, sys; time.sleep(3); print("worker", file=sys.stderr)'
         worker = runtime.WorkerPopen([sys.executable, '-c', late], stdout=sys.stdout,

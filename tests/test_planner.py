@@ -93,7 +93,7 @@ def test_bad_plans_are_refused_before_anything_is_written(args, message, tmp_pat
 
 
 def test_each_panel_is_named_as_the_tables_rows_name_its_mechanism(tmp_path, monkeypatch):
-  from tff_dp import plan_plot  # pylint: disable=g-import-not-at-top
+  from tff_dp.accounting import plan_plot  # pylint: disable=g-import-not-at-top
   drawn = []
 
   class Kept(plan_plot.Figure):

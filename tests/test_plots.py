@@ -6,7 +6,7 @@ import csv
 import pytest
 
 from run_helpers import kept_figures
-from tff_dp.training import plots
+from tff_dp.training.report import plots
 
 _CLIP = 'aggregator/privacy_queries/update/{}/l2_norm_clip'
 

@@ -224,7 +224,7 @@ def test_client_slices_match_the_unsliced_run(tmp_path):
 def test_client_slices_install_the_mergeable_context():
   from tensorflow_federated.python.core.impl.execution_contexts import (  # pylint: disable=g-import-not-at-top
       mergeable_comp_execution_context as mergeable)
-  from tff_dp import runtime  # pylint: disable=g-import-not-at-top
+  from tff_dp.execution import runtime  # pylint: disable=g-import-not-at-top
   try:
     runtime.configure_execution_context(client_slices=3)
     context = tff.framework.get_context_stack().current

@@ -82,7 +82,7 @@ import tff_dp, tff_dp.aggregators, tff_dp.training.api, tff_dp.training.experime
 from tensorflow_federated.python.core.impl.executor_stacks import executor_factory
 print(atexit._ncallbacks() == before, signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
       executor_factory.subprocess is subprocess)
-from tff_dp import runtime
+from tff_dp.execution import runtime
 runtime.manage_workers()
 print(atexit._ncallbacks() > before, signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL,
       executor_factory.subprocess is not subprocess)

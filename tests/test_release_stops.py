@@ -15,8 +15,8 @@ from tff_dp import errors
 from tff_dp import ledger as ledger_lib
 from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
-from tff_dp.training import privacy_recorder
-from tff_dp.training import stop_signal
+from tff_dp.training.run_state import privacy_recorder
+from tff_dp.training.run_state import stop_signal
 from run_helpers import metrics_rows
 
 POPULATION = 20   # conftest's tag_task.

@@ -1,6 +1,6 @@
-"""The console line of a round (tff_dp.training.report): what a user watching a run reads."""
+"""The console line of a round (tff_dp.training.report.report): what a user watching a run reads."""
 
-from tff_dp.training import report
+from tff_dp.training.report import report
 
 _CLIP = 'aggregator/privacy_queries/update/l2_norm_clip'
 _COUNT_CLIP = 'aggregator/privacy_queries/clipped_count/l2_norm_clip'

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tff_dp import ledger as ledger_lib
-from tff_dp import runtime
+from tff_dp.execution import runtime
 from tff_dp.training import config_flags
 from run_helpers import metrics_rows
 from run_helpers import REPO
@@ -355,7 +355,8 @@ def _finished_run(runs_dir, arm_file, name, extra=(), scale='smoke', data_dir=No
   """A finished run of `arm_file` in RUNS_DIR/NAME, without training: the config.json
   run_experiment.py writes for the command line reproduce.py gives it (its flag parsing, the
   library's RunDirectory) and summary.json, which marks a run finished."""
-  from tff_dp.training import run_dir as run_dir_lib  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from tff_dp.training.run_state import run_dir as run_dir_lib
   data = [] if scale == 'smoke' else [f'--data_dir={data_dir}']
   cfg = _arm_config(arm_file, scale, data + [f'--root_output_dir={runs_dir}',
                                              f'--experiment_name={name}'] + list(extra))

@@ -99,7 +99,7 @@ def test_a_stop_once_the_run_directory_exists_says_so_and_resume_continues(tag_t
   import signal  # pylint: disable=g-import-not-at-top
   from tff_dp.training import config as config_lib  # pylint: disable=g-import-not-at-top
   from tff_dp.training import experiment  # pylint: disable=g-import-not-at-top
-  from tff_dp.training import stop_signal  # pylint: disable=g-import-not-at-top
+  from tff_dp.training.run_state import stop_signal  # pylint: disable=g-import-not-at-top
   settings = dict(DEMO, root_output_dir=str(tmp_path), total_rounds=2, uncertainty_last_k=0)
   lines = []
   stop = stop_signal.StopSignal(lines.append)

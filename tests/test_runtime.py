@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tff_dp import runtime
+from tff_dp.execution import runtime
 from run_helpers import script
 from run_helpers import script_env
 from run_helpers import tagged_env
@@ -17,7 +17,7 @@ from run_helpers import tagged_workers
 
 _PROGRAM = r'''
 import sys, time
-from tff_dp import runtime
+from tff_dp.execution import runtime
 runtime.manage_workers()
 import tensorflow as tf, tensorflow_federated as tff
 @tff.tensorflow.computation(tf.int32)

@@ -139,7 +139,8 @@ def _write_library_run(root, name, *, seed, accuracies, clip=1.0, arm='fixed cli
   """A finished run written by the library's own writers (RunDirectory, PrivacyLedger), with
   the config.json run_experiment.py writes: evaluated every round, `accuracies` in order."""
   from tff_dp.training import config as config_lib  # pylint: disable=g-import-not-at-top
-  from tff_dp.training import run_dir as run_dir_lib  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from tff_dp.training.run_state import run_dir as run_dir_lib
   rounds = len(accuracies)
   cfg = config_lib.ExperimentConfig.from_settings(
       root_output_dir=str(root), experiment_name=name, seed=seed, total_rounds=rounds,

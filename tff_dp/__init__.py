@@ -4,7 +4,7 @@
 Both are imported on first use, so `import tff_dp` stays cheap (no TensorFlow until `run`).
 
 Importing the package changes nothing process-wide. `run` makes sure no TFF `worker_binary`
-outlives the program (`tff_dp.runtime.manage_workers()`); a pipeline that uses only the
+outlives the program (`tff_dp.execution.runtime.manage_workers()`); a pipeline that uses only the
 aggregators makes that one call itself (docs/PYTHON_API.md, "Using the aggregators in your own TFF
 pipeline").
 """

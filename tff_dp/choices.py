@@ -53,7 +53,7 @@ WEIGHTINGS = {
     'num_examples': 'by example count (non-DP only)',
 }
 
-# `client_optimizer`, `server_optimizer` (`tff_dp.training.optimizers`).
+# `client_optimizer`, `server_optimizer` (`tff_dp.training.builders.optimizers`).
 OPTIMIZERS = {
     'sgd': 'SGD (with `server_momentum` on the server)',
     'adam': 'Adam',

@@ -31,7 +31,7 @@ whole ledger goes through it): each version-2 line's `seq` equals its line numbe
 deleted, duplicated or reordered line is an error naming the first line out of place (a
 deleted LAST line is indistinguishable from a crash before the append). Round numbers start
 at 1 and each record's round is at most the previous record's round + 1: the next round, or
-(after a resume, see tff_dp.training.resume.reconcile_ledger) a round re-executed after a
+(after a resume, see tff_dp.training.run_state.resume.reconcile_ledger) a round re-executed after a
 crash, whose second record is counted again: as a fresh sample with secret sampling, as the
 same sample released twice with a seeded one (`SamplingEvent.seeded`). Version-1 lines carry no `seq`,
 so their rounds must be exactly 1, 2, 3, ... and they cannot follow version-2 lines.
@@ -662,7 +662,7 @@ def move_records(path: str, records: Sequence[RoundRecord], moved_path: str) -> 
   """Moves `records` (which must be the ledger's last lines) from `path` to `moved_path`.
 
   Used on resume for rounds that released no output before a crash (see
-  tff_dp.training.resume.reconcile_ledger). The moved lines are appended unchanged to
+  tff_dp.training.run_state.resume.reconcile_ledger). The moved lines are appended unchanged to
   `moved_path` (fsynced; read it with `read_moved_records`) before the ledger is rewritten
   through a temporary file and an atomic rename, so a crash at any point loses no line. The
   ledger keeps lines 1..k with seq 1..k, so the next append (seq k + 1) continues it. Any

@@ -1,4 +1,4 @@
-"""Axes a reader can check, shared by a run's plots (`tff_dp.training.plots`) and the paper
+"""Axes a reader can check, shared by a run's plots (`tff_dp.training.report.plots`) and the paper
 tables' plots (`tff_dp.tables.plots`): epsilon axes that state delta and the accountant, clip
 axes in plain numbers, integer round axes."""
 

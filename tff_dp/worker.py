@@ -63,8 +63,9 @@ def main(argv=None) -> int:
     return 2
   print(f'tff_dp worker: serving on port {args.port} ({socket.gethostname()}:{args.port})',
         flush=True)
+  # /proc and environment helpers only: imports no TensorFlow.
   # pylint: disable-next=g-import-not-at-top
-  from tff_dp import runtime   # /proc and environment helpers only: imports no TensorFlow.
+  from tff_dp.execution import runtime
   # The same environment as a local worker (glibc malloc arenas capped: flat RSS, issue 13).
   os.execve(binary, [binary, f'--port={args.port}',
                      f'--max_concurrent_computation_calls={args.max_concurrent_computation_calls}'],

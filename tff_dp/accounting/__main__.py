@@ -255,7 +255,7 @@ def _plan() -> None:
   for c in found:
     print(f'{c.mechanism},{c.noise_multiplier:g},{c.clients_per_round},{c.epsilons[-1]:.6g}'
           + (f',{c.rounds_within(target)}' if target is not None else ''))
-  from tff_dp import plan_plot  # pylint: disable=g-import-not-at-top
+  from tff_dp.accounting import plan_plot  # pylint: disable=g-import-not-at-top
   plan_plot.draw(found, output, delta=FLAGS.delta, population=FLAGS.population,
                  target_epsilon=target,
                  descriptions=dict(planner.MECHANISMS, amplified_bandmf=(

@@ -7,10 +7,10 @@ noise of correlated-noise mechanisms (DP-FTRL's tree); evaluation is covered onl
 disjoint from the protected population or on data declared public; config.json holds a
 sampling seed.
 
-The privacy statement (`tff_dp.training.privacy_statement`), `private_release` (which columns a
-run writes, and the `release/` folder it ships) and the test that walks a run directory all
-read `OUTPUTS`, `classify_file` and `classify_column`; an output missing here is an error
-there, never silently covered.
+The privacy statement (`tff_dp.training.report.privacy_statement`), `private_release` (which
+columns a run writes, and the `release/` folder it ships) and the test that walks a run
+directory all read `OUTPUTS`, `classify_file` and `classify_column`; an output missing here is an
+error there, never silently covered.
 """
 
 import dataclasses

@@ -1,24 +1,24 @@
 """`tff_dp.run(config)`: a whole run from an `ExperimentConfig` alone.
 
 Checks everything that needs no TensorFlow first (`preflight`), then, with the native loggers'
-lines held back (`tff_dp.native_logs`), sets up where TFF computes (the local C++ worker, or
-remote workers: `config.runtime`), builds the task with its data (`tasks.load`: the embedded
+lines held back (`tff_dp.execution.native_logs`), sets up where TFF computes (the local C++
+worker, or remote workers: `config.runtime`), builds the task with its data (`tasks.load`: the embedded
 dataset when `data_dir` is unset) and runs or resumes the experiment (`training.session`).
 """
 
 from typing import Optional
 
-from tff_dp import native_logs
-from tff_dp import runtime
+from tff_dp.execution import native_logs
+from tff_dp.execution import runtime
 from tff_dp.training import preflight
-from tff_dp.training import stop_signal
+from tff_dp.training.run_state import stop_signal
 from tff_dp.training.config import ExperimentConfig
 
 
 def run(cfg: ExperimentConfig, *, task=None, log=print,
         stop: Optional[stop_signal.StopSignal] = None):
   """Runs (or, with `output.resume`, resumes) the experiment `cfg` describes; returns how it
-  ended (`tff_dp.training.components.RunSummary`: `run_dir`, `rounds_completed`, ...).
+  ended (`tff_dp.training.builders.components.RunSummary`: `run_dir`, `rounds_completed`, ...).
 
   `task`: your own task (an object implementing `tff_dp.training.task_protocol`), trained as it
   is; None builds the registered task `cfg.task` names, from its settings.

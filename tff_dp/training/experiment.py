@@ -27,22 +27,22 @@ from tff_dp import sampling
 from tff_dp.canaries import insertion as canary_insertion
 from tff_dp.canaries import scores as canary_scores
 from tff_dp.errors import UserInputError
-from tff_dp.training import aggregates_hook
-from tff_dp.training import build_evaluation
-from tff_dp.training import build_privacy
-from tff_dp.training import build_process
-from tff_dp.training import canary_run
-from tff_dp.training import client_data
-from tff_dp.training import components
+from tff_dp.training.rounds import aggregates_hook
+from tff_dp.training.builders import build_evaluation
+from tff_dp.training.builders import build_privacy
+from tff_dp.training.builders import build_process
+from tff_dp.training.rounds import canary_run
+from tff_dp.training.builders import client_data
+from tff_dp.training.builders import components
 from tff_dp.training import config as config_lib
-from tff_dp.training import evaluation
-from tff_dp.training import evaluation_hook
-from tff_dp.training import loop
-from tff_dp.training import noise_feed_hook
+from tff_dp.training.builders import evaluation
+from tff_dp.training.rounds import evaluation_hook
+from tff_dp.training.rounds import loop
+from tff_dp.training.rounds import noise_feed_hook
 from tff_dp.training import preflight
 from tff_dp.run_format import release
-from tff_dp.training import run_dir as run_dir_lib
-from tff_dp.training import stop_signal
+from tff_dp.training.run_state import run_dir as run_dir_lib
+from tff_dp.training.run_state import stop_signal
 from tff_dp.training.config import ExperimentConfig
 # The resume checks live in `preflight` (no TensorFlow); their names here as before.
 from tff_dp.training.preflight import RESUMABLE_CHANGES  # pylint: disable=unused-import
@@ -62,9 +62,9 @@ def run(cfg: ExperimentConfig, task, *, log=print,
   Computations run in the current TFF context. `tff_dp.run(cfg)` builds the task and installs
   the context `cfg.runtime` describes (`tff_dp.training.api`); a caller of this function with
   its own task should install one too for long runs
-  (`tff_dp.runtime.configure_execution_context()`), since TFF's import-time context keeps a
-  worker executor per client count for good (with Poisson sampling, tens of MB per round:
-  issue 13).
+  (`tff_dp.execution.runtime.configure_execution_context()`), since TFF's import-time context
+  keeps a worker executor per client count for good (with Poisson sampling, tens of MB per
+  round: issue 13).
   """
   with contextlib.ExitStack() as stack:
     stack.enter_context(_callers_random_states())

@@ -12,8 +12,8 @@ from typing import Any, Optional, Sequence
 from tff_dp import ledger as ledger_lib
 from tff_dp.accounting import noise_cohort
 from tff_dp.aggregators import privacy_queries as privacy_queries_lib
-from tff_dp.training import resume
-from tff_dp.training import run_dir as run_dir_lib
+from tff_dp.training.run_state import resume
+from tff_dp.training.run_state import run_dir as run_dir_lib
 
 # How much less noise, relative, the prediction of the next round assumes: float32 computes each
 # round's noise stddev as z * clip from the round's clip, so the next round's stddev / clip

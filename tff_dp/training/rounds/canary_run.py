@@ -25,8 +25,8 @@ from tff_dp.canaries import insertion
 from tff_dp.canaries import scores as scores_lib
 from tff_dp.run_format import canary_audit
 from tff_dp.run_format import columns
-from tff_dp.training import privacy_statement
-from tff_dp.training import round_hooks
+from tff_dp.training.report import privacy_statement
+from tff_dp.training.run_state import round_hooks
 
 KEY_FILE = 'canary_key'
 

@@ -11,8 +11,8 @@ from typing import Any, Callable, Sequence
 from tff_dp import ledger as ledger_lib
 from tff_dp import run_format
 from tff_dp.run_format import metrics_csv
-from tff_dp.training import checkpointing
-from tff_dp.training import round_hooks
+from tff_dp.training.run_state import checkpointing
+from tff_dp.training.run_state import round_hooks
 
 SUPERSEDED_METRICS = run_format.SUPERSEDED_METRICS_FILE
 UNRELEASED_LEDGER = run_format.UNRELEASED_LEDGER_FILE

@@ -14,7 +14,7 @@ from tff_dp.adadps import preconditioner as precond_lib
 from tff_dp.adadps import side_information as si
 from tff_dp.aggregators import preconditioned
 from tff_dp.errors import UserInputError
-from tff_dp.training import optimizers
+from tff_dp.training.builders import optimizers
 
 SIDE_INFO_CHOICES = tuple(choices.SIDE_INFO)
 

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 
-from tff_dp import native_logs
+from tff_dp.execution import native_logs
 
 _WORKER_NAME = 'worker_binary'
 _installed = False
@@ -355,7 +355,7 @@ def configure_execution_context(*, max_concurrent_computation_calls: int = -1,
   The context is TFF's own (`set_sync_local_cpp_execution_context` builds the same one), but
   its executor factory keeps at most `max_executors` per-cardinality executors alive on the
   worker (default `executor_cache.DEFAULT_MAX_EXECUTORS`); TFF's would leak one per new client
-  count, which Poisson sampling draws almost every round (see `tff_dp.executor_cache`).
+  count, which Poisson sampling draws almost every round (see `tff_dp.execution.executor_cache`).
 
   `worker_env`: environment variables the worker is started with, on top of this process's
   (which win where both set one); None: `DEFAULT_WORKER_ENV` (glibc malloc limited to two arenas,
@@ -363,8 +363,8 @@ def configure_execution_context(*, max_concurrent_computation_calls: int = -1,
 
   `client_slices` > 1 runs a round's clients in that many slices one after the other on the
   same worker, through TFF's mergeable-computation context (`num_subrounds`; the context
-  `tff_dp.distributed` uses), whose partial aggregates are merged and whose server part runs once. The
-  worker holds every client's values of a call until its federated sum (~3.75x the model per
+  `tff_dp.execution.distributed` uses), whose partial aggregates are merged and whose server
+  part runs once. The worker holds every client's values of a call until its federated sum (~3.75x the model per
   client: 75 MiB for StackOverflow tag, issue 13.6), so slices bound the round's peak to one
   slice's clients. Same results up to float summation order.
   """
@@ -372,7 +372,7 @@ def configure_execution_context(*, max_concurrent_computation_calls: int = -1,
   # pylint: disable=g-import-not-at-top
   from tensorflow_federated.python.core.environments.tensorflow_frontend import (
       tensorflow_computation)
-  from tff_dp import executor_cache
+  from tff_dp.execution import executor_cache
   global _worker_env, _installed_context, _installed_factory
   shutdown_workers()
   _worker_env = dict(DEFAULT_WORKER_ENV if worker_env is None else worker_env)

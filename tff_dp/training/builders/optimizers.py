@@ -34,7 +34,7 @@ def _yogi(learning_rate, momentum, beta_1, beta_2, epsilon):
 
 
 _BUILDERS = {'sgd': _sgd, 'adam': _adam, 'adagrad': _adagrad, 'rmsprop': _rmsprop, 'yogi': _yogi}
-choices.check_implemented(choices.OPTIMIZERS, _BUILDERS, 'tff_dp.training.optimizers')
+choices.check_implemented(choices.OPTIMIZERS, _BUILDERS, 'tff_dp.training.builders.optimizers')
 OPTIMIZER_NAMES = tuple(choices.OPTIMIZERS)
 
 

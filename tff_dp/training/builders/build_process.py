@@ -11,10 +11,10 @@ from tff_dp import measurements
 from tff_dp.aggregators import non_finite
 from tff_dp.aggregators import reporting
 from tff_dp.errors import UserInputError
-from tff_dp.training import adadps_setup
+from tff_dp.training.builders import adadps_setup
 from tff_dp.training import config as config_lib
-from tff_dp.training import fed_avg
-from tff_dp.training import optimizers
+from tff_dp.training.builders import fed_avg
+from tff_dp.training.builders import optimizers
 
 # `loop_implementation` -> TFF's client training loop. dataset_iterator: a Python `for` over
 # the dataset inside the client's tf.function; dataset_reduce (TFF's default): one
@@ -24,7 +24,7 @@ LOOP_IMPLEMENTATIONS = {
     'dataset_reduce': tff.learning.LoopImplementation.DATASET_REDUCE,
 }
 choices.check_implemented(choices.LOOP_IMPLEMENTATIONS, LOOP_IMPLEMENTATIONS,
-                          'tff_dp.training.build_process loop implementations')
+                          'tff_dp.training.builders.build_process loop implementations')
 
 
 def build(task, training: config_lib.TrainingConfig, adadps: config_lib.AdaDPSConfig,

@@ -35,8 +35,8 @@ import tensorflow_federated as tff
 from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation
 from tensorflow_federated.python.common_libs import async_utils
 
-from tff_dp import executor_cache
-from tff_dp.worker_addresses import parse_workers  # noqa: F401  (re-exported)
+from tff_dp.execution import executor_cache
+from tff_dp.execution.worker_addresses import parse_workers  # noqa: F401  (re-exported)
 from tff_dp.errors import UserInputError
 
 # TFF's own channel options for its local worker (executor_factory.py), plus a short reconnect
@@ -177,7 +177,7 @@ def _worker_context(address: str, unavailable_timeout: float, rpc_timeout: Optio
     return executor
 
   # Bounded: TFF's factory would leave an executor per client count on the worker for good
-  # (see tff_dp.executor_cache); a worker's slice of a Poisson round varies every round.
+  # (see tff_dp.execution.executor_cache); a worker's slice of a Poisson round varies every round.
   return _ThreadedWorkerContext(tff.framework.AsyncExecutionContext(
       executor_fn=executor_cache.BoundedExecutorFactory(
           tff.framework.ResourceManagingExecutorFactory(stack_fn)),

@@ -8,7 +8,7 @@ holds the feed's seed and buffers (secrets of the run: checkpoints of such a run
 
 from typing import Any
 
-from tff_dp.training import round_hooks
+from tff_dp.training.run_state import round_hooks
 
 KEY = 'correlated_noise'
 

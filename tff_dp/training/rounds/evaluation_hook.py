@@ -8,8 +8,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from tff_dp import checkpoint_aggregation as ca
-from tff_dp.training import evaluation
-from tff_dp.training import round_hooks
+from tff_dp.training.builders import evaluation
+from tff_dp.training.run_state import round_hooks
 
 # The checkpoint entry of the last-k models (present, empty, without the uncertainty report).
 # They are kept as a past-k buffer, whose checkpoint state has the same keys before the first

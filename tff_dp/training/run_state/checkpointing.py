@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from tff_dp.training import round_hooks
+from tff_dp.training.run_state import round_hooks
 
 
 def program_state(state, round_num: int, hooks: Sequence[round_hooks.RoundHook]) -> dict:

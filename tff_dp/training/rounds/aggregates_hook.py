@@ -7,7 +7,7 @@ import collections
 from typing import Any, Mapping, Optional
 
 from tff_dp import checkpoint_aggregation as ca
-from tff_dp.training import round_hooks
+from tff_dp.training.run_state import round_hooks
 
 # The checkpoint entry (a checkpoint always holds it, empty without aggregates: the layout of
 # every run's checkpoints is the same).

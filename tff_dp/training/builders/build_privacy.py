@@ -20,7 +20,7 @@ from tff_dp.aggregators import noise_feed
 from tff_dp.aggregators import privacy_queries as privacy_queries_lib
 from tff_dp.errors import UserInputError
 from tff_dp.training import config as config_lib
-from tff_dp.training import privacy_recorder
+from tff_dp.training.run_state import privacy_recorder
 
 # The shuffled sampler's secret key, kept in the run directory's secret/ folder for resume.
 SAMPLING_KEY_FILE = 'sampling_key'

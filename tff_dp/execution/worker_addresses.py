@@ -1,7 +1,7 @@
 """The `workers` setting's format: 'hostA:8000,hostB:8000' -> the worker addresses.
 
 Pure Python (no TensorFlow, no gRPC), so a configuration is checked before TF loads; the remote
-execution context (`tff_dp.distributed`) connects to what it returns.
+execution context (`tff_dp.execution.distributed`) connects to what it returns.
 """
 
 from tff_dp.errors import UserInputError

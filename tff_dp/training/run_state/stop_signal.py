@@ -13,7 +13,7 @@ import threading
 from typing import Callable, Optional
 
 from tff_dp import errors
-from tff_dp import runtime
+from tff_dp.execution import runtime
 
 
 class StopSignal:

@@ -1,0 +1,2 @@
+"""The round loop and the hooks that act in each round (evaluation, checkpoint aggregates,
+correlated-noise feed, canaries)."""
