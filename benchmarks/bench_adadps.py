@@ -26,9 +26,9 @@ import tensorflow_federated as tff  # noqa: E402
 
 from tff_dp import adadps  # noqa: E402
 from tff_dp.adadps import synthetic  # noqa: E402
-from tff_dp.training.builders import adadps_setup  # noqa: E402
 from tff_dp.aggregators.fixed import FixedClipGaussianFactory  # noqa: E402
 from tff_dp.aggregators.preconditioned import PreconditionedFactory  # noqa: E402
+from tff_dp.training.builders import adadps_setup  # noqa: E402
 import tasks  # noqa: E402
 from tasks import synthetic_data  # noqa: E402
 

@@ -44,6 +44,7 @@ from tff_dp import accounting  # noqa: E402
 from tff_dp import aggregators  # noqa: E402
 from tff_dp import ledger as ledger_lib  # noqa: E402
 from tff_dp import mechanisms  # noqa: E402
+from tff_dp.aggregators import noise_feed  # noqa: E402
 from tff_dp.execution import runtime  # noqa: E402
 
 runtime.manage_workers()   # No TFF worker outlives the benchmark.
@@ -109,7 +110,8 @@ class _Fed:
 
 
 def _fed(process, aggregator):
-  return _Fed(process, aggregator.noise_feed()) if hasattr(aggregator, 'noise_feed') else process
+  feed = noise_feed.for_factory(aggregator)
+  return process if feed is None else _Fed(process, feed)
 
 
 def _status_kib(pid, field) -> int:

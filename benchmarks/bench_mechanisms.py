@@ -39,6 +39,7 @@ import tensorflow_federated as tff  # noqa: E402
 from tff_dp import mechanisms  # noqa: E402
 from tff_dp.accounting import calibration  # noqa: E402
 from tff_dp.accounting import correlated  # noqa: E402
+from tff_dp.aggregators import noise_feed  # noqa: E402
 
 
 def _final_noise(factory, dim: int, rounds: int) -> tuple[float, float]:
@@ -47,7 +48,7 @@ def _final_noise(factory, dim: int, rounds: int) -> tuple[float, float]:
   state, total = process.initialize(), np.zeros(dim)
   zero = [[np.zeros(dim, np.float32)]]
   # Correlated noise is fed from beside the process, as a run feeds it (aggregators.noise_feed).
-  feed = factory.noise_feed() if hasattr(factory, 'noise_feed') else None
+  feed = noise_feed.for_factory(factory)
   t0 = time.perf_counter()
   for r in range(1, rounds + 1):
     out = process.next(feed.into(state, r) if feed else state, zero)

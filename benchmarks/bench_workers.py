@@ -38,9 +38,9 @@ import bench_common  # noqa: E402
 import tasks  # noqa: E402
 from tasks import synthetic_data  # noqa: E402
 from tff_dp import aggregators  # noqa: E402
+from tff_dp import mechanisms  # noqa: E402
 from tff_dp.execution import distributed  # noqa: E402
 from tff_dp.execution import runtime  # noqa: E402
-from tff_dp import mechanisms  # noqa: E402
 
 runtime.manage_workers()   # No TFF worker outlives the benchmark.
 

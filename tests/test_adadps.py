@@ -11,11 +11,11 @@ import tensorflow_federated as tff
 from tff_dp import adadps
 from tff_dp.adadps import preconditioner as precond_lib
 from tff_dp.adadps import synthetic
-from tff_dp.training.builders import adadps_setup
 from tff_dp.aggregators import privacy_queries
 from tff_dp.aggregators.fixed import FixedClipGaussianFactory
 from tff_dp.aggregators.preconditioned import PreconditionedFactory
 from tff_dp.errors import UserInputError
+from tff_dp.training.builders import adadps_setup
 
 # ----------------------------------------------------------------------------- formulas
 

@@ -25,9 +25,9 @@ from tff_dp import canaries
 from tff_dp import ledger as ledger_lib
 from tff_dp import mechanisms
 from tff_dp.canaries import insertion
-from tff_dp.training.builders import adadps_setup
 from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
+from tff_dp.training.builders import adadps_setup
 from tff_dp.training.builders import fed_avg
 from tff_dp.training.run_state import stop_signal
 from run_helpers import metrics_rows

@@ -3,10 +3,12 @@ min-separation sampler, the ledger and the accounting of a real run. Oracles: TF
 factory with noise off, dense C^-1 C^-T for the noise covariance, brute force over
 participation patterns and dp_accounting for every epsilon."""
 
+import collections
 import functools
 import json
 import os
 
+import attrs
 import dp_accounting
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ from tff_dp import ledger as ledger_lib
 from tff_dp import mechanisms
 from tff_dp import sampling
 from tff_dp.accounting import correlated
+from tff_dp.aggregators import noise_feed
 from tff_dp.matrix_factorization import streaming
 from tff_dp.matrix_factorization import toeplitz
 from run_helpers import main_in_process
@@ -111,6 +114,37 @@ def test_a_round_whose_noise_was_not_fed_fails_and_the_feed_is_exact():
   coefs = correlated.coefs_of(factory.strategy)
   np.testing.assert_allclose(np.stack(noise), np.linalg.solve(
       toeplitz.materialize(coefs, n), draws), rtol=1e-4, atol=1e-5)
+
+
+def test_the_feed_fills_the_one_slot_at_any_depth_and_nothing_else():
+  """A learning process's state nests the slot in attrs classes, dicts, namedtuples and lists;
+  the feed replaces the slot alone (every other leaf is the same object) and is made only for
+  a factory whose noise is fed."""
+  Outer = attrs.make_class('Outer', ['global_model_weights', 'aggregator'], frozen=True)
+  Pair = collections.namedtuple('Pair', ['clip', 'query'])
+  slot = noise_feed.FedNoise(np.float32(1), np.float32(1), np.int64(0), np.int64(0),
+                             [np.zeros(3, np.float32), np.zeros((1, 2), np.float32)])
+  weights = [np.ones(3, np.float32)]
+  state = Outer(weights, collections.OrderedDict(
+      norm=np.float32(2), inner=Pair(np.float32(3), [np.int32(4), slot])))
+  factory = mechanisms.build_aggregator('blt', noise_multiplier=1.0, clients_per_round=1.0,
+                                        clip=1.0, noise_seed=7, **SCHEDULE)
+  feed = noise_feed.for_factory(factory)
+  fed = feed.into(state, 1)
+  filled = fed.aggregator['inner'].query[1]
+  assert filled.fed_round == 1 and filled.step == 0
+  assert [np.shape(x) for x in filled.noise] == [(3,), (1, 2)]
+  assert np.any(np.concatenate([np.ravel(x) for x in filled.noise]) != 0)
+  assert fed.global_model_weights is weights
+  assert fed.aggregator['norm'] is state.aggregator['norm']
+  assert fed.aggregator['inner'].query[0] is state.aggregator['inner'].query[0]
+  assert type(fed.aggregator) is collections.OrderedDict and type(fed.aggregator['inner']) is Pair
+  assert noise_feed.holds_fed_noise(state)
+  assert not noise_feed.holds_fed_noise(state.aggregator['inner'].query[0])
+  with pytest.raises(ValueError, match='found 2'):
+    feed.into([state, state], 1)
+  assert noise_feed.for_factory(mechanisms.build_aggregator(
+      'fixed', noise_multiplier=1.0, clients_per_round=1.0, clip=1.0)) is None
 
 
 def test_the_min_separation_sampler_visits_every_client_every_cycle():

@@ -13,9 +13,9 @@ import tasks
 from tasks import synthetic_data
 from tff_dp import ledger as ledger_lib
 from tff_dp.errors import UserInputError
-from tff_dp.training.builders import build_process
 from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
+from tff_dp.training.builders import build_process
 from test_tasks import ODD_IDS
 from test_tasks import _odd_emnist_cache
 from test_tasks import _rows

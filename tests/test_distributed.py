@@ -12,11 +12,11 @@ import numpy as np
 import portpicker
 import pytest
 
-from tff_dp.execution import distributed
 from tff_dp import ledger as ledger_lib
 from tff_dp import mechanisms
-from tff_dp.execution import runtime
 from tff_dp.errors import UserInputError
+from tff_dp.execution import distributed
+from tff_dp.execution import runtime
 from run_helpers import main_in_process
 from run_helpers import metrics_rows
 from run_helpers import script

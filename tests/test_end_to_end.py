@@ -13,8 +13,8 @@ import tasks
 from tasks import synthetic_data
 from tff_dp import ledger as ledger_lib
 from tff_dp import mechanisms
-from tff_dp.execution import runtime
 from tff_dp.accounting import accountant as accountant_lib
+from tff_dp.execution import runtime
 from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
 from run_helpers import main_in_process

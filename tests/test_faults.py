@@ -18,8 +18,8 @@ from tasks.base import FederatedTask
 from tff_dp import aggregators
 from tff_dp import ledger as ledger_lib
 from tff_dp import mechanisms
-from tff_dp.execution import runtime
 from tff_dp.aggregators.non_finite import NonFiniteZeroingFactory
+from tff_dp.execution import runtime
 from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
 from tff_dp.training.run_state import run_dir as run_dir_lib

@@ -14,6 +14,7 @@ import tensorflow_federated as tff
 from tff_dp import errors
 from tff_dp import measurements
 from tff_dp import mechanisms
+from tff_dp.aggregators import noise_feed
 from tff_dp.aggregators import non_finite
 from tff_dp.aggregators import preconditioned
 from tff_dp.aggregators import reporting
@@ -53,7 +54,7 @@ def test_every_mechanism_declares_each_measurement_its_process_reports(kind):
                                       clip=1.0, **EXTRA.get(kind, {}))
   scales = [np.full(s, 2.0, np.float32) for s in SHAPES]
   factory = non_finite.NonFiniteZeroingFactory(preconditioned.PreconditionedFactory(scales, inner))
-  feed = inner.noise_feed() if hasattr(inner, 'noise_feed') else None   # Correlated noise.
+  feed = noise_feed.for_factory(inner)   # Correlated noise.
   process, reported = _one_round(factory, feed)
   declared = measurements.declared(factory)
   paths = list(_reported_paths(reported))

@@ -13,8 +13,8 @@ import tensorflow_federated as tff
 from tff_dp import accounting
 from tff_dp import ledger as ledger_lib
 from tff_dp.accounting import noise_cohort
-from tff_dp.training.builders import build_privacy
 from tff_dp.training import config as config_lib
+from tff_dp.training.builders import build_privacy
 from tff_dp.training.run_state import privacy_recorder
 from run_helpers import main_in_process
 from test_correlated_noise import BASE

@@ -37,6 +37,7 @@ from tff_dp import sampling
 from tff_dp.accounting import accountant as accountant_lib
 from tff_dp.accounting import claims
 from tff_dp.accounting import guarantee
+from tff_dp.aggregators import noise_feed
 
 
 @dataclasses.dataclass
@@ -99,7 +100,7 @@ class PrivateAggregation:
         clip=clip, **options)
     ledger = (ledger_lib.PrivacyLedger(ledger_path, mac_key=ledger_key)
               if ledger_path is not None else None)
-    feed = aggregator.noise_feed() if hasattr(aggregator, 'noise_feed') else None
+    feed = noise_feed.for_factory(aggregator)
     return cls(kind, aggregator, sampler,
                accountant_lib.LedgerAccountant(delta, neighboring_relation=claim.columns_relation),
                claim, ledger, feed=feed)

@@ -54,13 +54,17 @@ class NoiseFeed:
 
   def start(self, state) -> None:
     """Sizes the feed to the model of `state` (before its first round, or a `restore`)."""
+    self._size_to(_slot(state).noise)
+
+  def _size_to(self, noise) -> None:
     if self._committed is None:
-      self._committed = self.stream.start(_size(_slot(state).noise))
+      self._committed = self.stream.start(_size(noise))
 
   def into(self, state, round_num: int):
     """`state` with its slot filled for round `round_num` (the round after the last commit)."""
-    slot = _slot(state)
-    self.start(state)
+    path = _slot_path(state)
+    slot = _at(state, path)
+    self._size_to(slot.noise)
     done = self._committed.step
     if round_num != done + 1:
       raise ValueError(f'the noise feed is after round {done}: it cannot feed round {round_num}')
@@ -71,7 +75,7 @@ class NoiseFeed:
     noise = tf.nest.pack_sequence_as(slot.noise, [
         p.reshape(np.shape(t)).astype(np.asarray(t).dtype, copy=False)
         for p, t in zip(parts, template)])
-    return _replace_slot(state, slot._replace(fed_round=np.int64(round_num), noise=noise))
+    return _replace_at(state, path, slot._replace(fed_round=np.int64(round_num), noise=noise))
 
   def commit(self, round_num: int) -> None:
     """Round `round_num`, fed by the last `into`, completed."""
@@ -93,15 +97,22 @@ class NoiseFeed:
     self._pending = None
 
 
+def for_factory(factory) -> Optional[NoiseFeed]:
+  """A new feed for the processes `factory` builds; None when their noise is not fed (every
+  factory but the correlated-noise one, `CorrelatedNoiseFactory.noise_feed`)."""
+  make_feed = getattr(factory, 'noise_feed', None)
+  return make_feed() if make_feed is not None else None
+
+
 def with_zero_noise(state, round_num: int = 1):
   """`state` with its slot filled with zeros for `round_num`: for a dry run that only reads
   the round's measurements (nothing it outputs is released)."""
-  slot = _slot(state)
-  return _replace_slot(state, slot._replace(fed_round=np.int64(round_num)))
+  path = _slot_path(state)
+  return _replace_at(state, path, _at(state, path)._replace(fed_round=np.int64(round_num)))
 
 
 def holds_fed_noise(state) -> bool:
-  return bool(_slots(state))
+  return bool(_slot_paths(state))
 
 
 def _size(noise) -> int:
@@ -109,17 +120,22 @@ def _size(noise) -> int:
 
 
 def _slot(state) -> FedNoise:
-  found = _slots(state)
+  return _at(state, _slot_path(state))
+
+
+def _slot_path(state) -> tuple:
+  """The keys from `state` down to its one `FedNoise` slot."""
+  found = _slot_paths(state)
   if len(found) != 1:
     raise ValueError(f'a noise feed needs a process state with one FedNoise slot, found '
                      f'{len(found)}')
   return found[0]
 
 
-def _slots(value) -> list:
+def _slot_paths(value, path: tuple = ()) -> list:
   if _is_slot(value):
-    return [value]
-  return [s for child in _children(value) for s in _slots(child)]
+    return [path]
+  return [p for key, child in _children(value) for p in _slot_paths(child, path + (key,))]
 
 
 def _is_slot(value) -> bool:
@@ -127,26 +143,32 @@ def _is_slot(value) -> bool:
 
 
 def _children(value) -> list:
+  """[(key, child)]: attrs fields by name, dict items, sequence items by index."""
   if attrs.has(type(value)):
-    return [getattr(value, f.name) for f in attrs.fields(type(value))]
+    return [(f.name, getattr(value, f.name)) for f in attrs.fields(type(value))]
   if isinstance(value, dict):
-    return list(value.values())
+    return list(value.items())
   if isinstance(value, (list, tuple)):
-    return list(value)
+    return list(enumerate(value))
   return []
 
 
-def _replace_slot(value, slot):
-  """`value` with its one slot replaced by `slot` (containers rebuilt along the way only)."""
-  if _is_slot(value):
+def _at(value, path: tuple):
+  for key in path:
+    value = getattr(value, key) if attrs.has(type(value)) else value[key]
+  return value
+
+
+def _replace_at(value, path: tuple, slot):
+  """`value` with the slot at `path` replaced by `slot` (only the containers on the path are
+  rebuilt)."""
+  if not path:
     return slot
-  if not _slots(value):
-    return value
+  key, rest = path[0], path[1:]
   if attrs.has(type(value)):
-    return attrs.evolve(value, **{f.name: _replace_slot(getattr(value, f.name), slot)
-                                  for f in attrs.fields(type(value)) if f.init})
+    return attrs.evolve(value, **{key: _replace_at(getattr(value, key), rest, slot)})
   if isinstance(value, dict):
-    return type(value)((k, _replace_slot(v, slot)) for k, v in value.items())
-  if hasattr(value, '_fields'):
-    return type(value)(*(_replace_slot(v, slot) for v in value))
-  return type(value)(_replace_slot(v, slot) for v in value)
+    return type(value)((k, _replace_at(v, rest, slot) if k == key else v)
+                       for k, v in value.items())
+  items = [_replace_at(v, rest, slot) if i == key else v for i, v in enumerate(value)]
+  return type(value)(*items) if hasattr(value, '_fields') else type(value)(items)

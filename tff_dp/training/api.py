@@ -11,8 +11,8 @@ from typing import Optional
 from tff_dp.execution import native_logs
 from tff_dp.execution import runtime
 from tff_dp.training import preflight
-from tff_dp.training.run_state import stop_signal
 from tff_dp.training.config import ExperimentConfig
+from tff_dp.training.run_state import stop_signal
 
 
 def run(cfg: ExperimentConfig, *, task=None, log=print,

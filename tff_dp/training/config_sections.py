@@ -19,8 +19,8 @@ from tff_dp import adaptive_clipping
 from tff_dp import choices
 from tff_dp import mechanisms
 from tff_dp import sections
-from tff_dp.execution import worker_addresses
 from tff_dp.errors import UserInputError
+from tff_dp.execution import worker_addresses
 from tff_dp.sections import Section
 from tff_dp.sections import setting
 from tff_dp.training import task_registry

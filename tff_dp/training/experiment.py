@@ -19,31 +19,32 @@ import tensorflow as tf
 from tensorflow.python.eager import context as tf_eager_context
 
 from tff_dp import canaries as canaries_lib
-from tff_dp import choices
 from tff_dp import checkpoint_aggregation as ca
+from tff_dp import choices
 from tff_dp import ledger as ledger_lib
 from tff_dp import run_format
 from tff_dp import sampling
+from tff_dp.aggregators import noise_feed
 from tff_dp.canaries import insertion as canary_insertion
 from tff_dp.canaries import scores as canary_scores
 from tff_dp.errors import UserInputError
-from tff_dp.training.rounds import aggregates_hook
+from tff_dp.run_format import release
+from tff_dp.training import config as config_lib
+from tff_dp.training import preflight
 from tff_dp.training.builders import build_evaluation
 from tff_dp.training.builders import build_privacy
 from tff_dp.training.builders import build_process
-from tff_dp.training.rounds import canary_run
 from tff_dp.training.builders import client_data
 from tff_dp.training.builders import components
-from tff_dp.training import config as config_lib
 from tff_dp.training.builders import evaluation
+from tff_dp.training.config import ExperimentConfig
+from tff_dp.training.rounds import aggregates_hook
+from tff_dp.training.rounds import canary_run
 from tff_dp.training.rounds import evaluation_hook
 from tff_dp.training.rounds import loop
 from tff_dp.training.rounds import noise_feed_hook
-from tff_dp.training import preflight
-from tff_dp.run_format import release
 from tff_dp.training.run_state import run_dir as run_dir_lib
 from tff_dp.training.run_state import stop_signal
-from tff_dp.training.config import ExperimentConfig
 # The resume checks live in `preflight` (no TensorFlow); their names here as before.
 from tff_dp.training.preflight import RESUMABLE_CHANGES  # pylint: disable=unused-import
 from tff_dp.training.preflight import resume_changes
@@ -178,8 +179,9 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
   build_privacy.check_noise_memory(privacy.dp_factory, evaluator.trainable_shapes,
                                    build_privacy.available_memory_bytes())
   hooks = _hooks(config.checkpoint_aggregation, evaluator, canaries)
-  if hasattr(privacy.dp_factory, 'noise_feed'):   # Correlated noise, fed from beside the process.
-    hooks.insert(0, noise_feed_hook.NoiseFeedHook(privacy.dp_factory.noise_feed()))
+  feed = noise_feed.for_factory(privacy.dp_factory)   # Correlated noise, fed from beside it.
+  if feed is not None:
+    hooks.insert(0, noise_feed_hook.NoiseFeedHook(feed))
   stop.raise_if_received('during start-up')
 
   if resume and privacy.accountant is not None:

@@ -11,14 +11,14 @@ from absl import logging
 import tensorflow as tf
 
 from tff_dp.execution import distributed
-from tff_dp.execution import worker_addresses
 from tff_dp.execution import runtime
-from tff_dp.training.builders import components
+from tff_dp.execution import worker_addresses
 from tff_dp.training import experiment
-from tff_dp.training.run_state import stop_signal
 from tff_dp.training import task_protocol
 from tff_dp.training import task_registry
+from tff_dp.training.builders import components
 from tff_dp.training.config import ExperimentConfig
+from tff_dp.training.run_state import stop_signal
 
 
 def run(cfg: ExperimentConfig, task, *, log,

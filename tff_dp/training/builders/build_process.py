@@ -11,8 +11,8 @@ from tff_dp import measurements
 from tff_dp.aggregators import non_finite
 from tff_dp.aggregators import reporting
 from tff_dp.errors import UserInputError
-from tff_dp.training.builders import adadps_setup
 from tff_dp.training import config as config_lib
+from tff_dp.training.builders import adadps_setup
 from tff_dp.training.builders import fed_avg
 from tff_dp.training.builders import optimizers
 

@@ -7,9 +7,9 @@ each other; `tff_dp.training.experiment.build_components` builds them from a con
 import dataclasses
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from tff_dp.run_format import release
 from tff_dp.training.builders import evaluation
 from tff_dp.training.run_state import privacy_recorder
-from tff_dp.run_format import release
 from tff_dp.training.run_state import round_hooks
 
 

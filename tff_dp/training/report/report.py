@@ -7,13 +7,13 @@ from typing import Any, Mapping
 from tff_dp import checkpoint_aggregation
 from tff_dp import ledger as ledger_lib
 from tff_dp import mechanisms
-from tff_dp.run_format import columns
 from tff_dp.accounting import guarantee
+from tff_dp.run_format import columns
+from tff_dp.run_format import release
 from tff_dp.training.builders import components
 from tff_dp.training.builders import evaluation
 from tff_dp.training.report import plots
 from tff_dp.training.report import privacy_statement
-from tff_dp.run_format import release
 from tff_dp.training.report import release_folder
 from tff_dp.training.run_state import round_hooks
 from tff_dp.training.run_state import run_dir as run_dir_lib

@@ -16,12 +16,12 @@ import numpy as np
 from tff_dp import checkpoint_aggregation as ca
 from tff_dp import errors
 from tff_dp.execution import runtime
-from tff_dp.training.run_state import checkpointing
+from tff_dp.run_format import release
 from tff_dp.training.builders import client_data as client_data_lib
 from tff_dp.training.builders import components
 from tff_dp.training.builders import evaluation
-from tff_dp.run_format import release
 from tff_dp.training.report import report
+from tff_dp.training.run_state import checkpointing
 from tff_dp.training.run_state import resume
 from tff_dp.training.run_state import round_hooks
 from tff_dp.training.run_state import run_dir as run_dir_lib

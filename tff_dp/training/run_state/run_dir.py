@@ -28,12 +28,12 @@ from tensorflow_federated.python.common_libs import serializable
 
 from tff_dp import atomic_write
 from tff_dp import errors
-from tff_dp.errors import UserInputError
-from tff_dp.training import config as config_lib
-from tff_dp.training import preflight
 from tff_dp import run_format
+from tff_dp.errors import UserInputError
 from tff_dp.run_format import metrics_csv
 from tff_dp.run_format import release
+from tff_dp.training import config as config_lib
+from tff_dp.training import preflight
 
 _KEEP_CHECKPOINTS = 3
 SECRET_DIR = release.SECRET_DIR
