@@ -12,8 +12,8 @@ executor set-up), so each report is the median over the `--window` rounds ending
 report round, and the slope is a least-squares fit over every round from the first report on.
 
 --samples_csv is written as the run goes (one row per round), so an interrupted soak still
-leaves its readings. Target (issue 13): growth from the first report to the last under 10% for
-each process.
+leaves its readings. Target (issue 40): growth from the first report to the last of at most 5%
+for each process, from round 20 to round 200 (`--rounds 200 --report_at 20,110,200`).
 With `--extra_flags=--worker_restart_rounds=N` the worker is replaced every N rounds; the
 script then also prints the wall time of the rounds that ran first on a new worker against the
 others (the price of a restart).
@@ -40,7 +40,7 @@ import bench_args  # noqa: E402  (no TensorFlow)
 from tff_dp.execution import runtime  # noqa: E402  (/proc helpers only; imports no TensorFlow)
 
 _ROUND = re.compile(r'^round\s+(\d+)/')
-TARGET_GROWTH = 0.10
+TARGET_GROWTH = 0.05
 
 
 def slope(xs, ys) -> float:
@@ -123,8 +123,8 @@ def main():
   for k, name in ((0, 'coordinator'), (1, 'worker')):
     growth = reports[last][k] / reports[first][k] - 1
     fit = slope(rounds, [samples[r][k] for r in rounds])
-    ok &= growth < TARGET_GROWTH
-    print(f'{name}: {growth:+.1%} from round {first} to {last} (target < '
+    ok &= growth <= TARGET_GROWTH
+    print(f'{name}: {growth:+.1%} from round {first} to {last} (target <= '
           f'{TARGET_GROWTH:.0%}); least-squares slope {fit:+.2f} MiB/round over rounds '
           f'{first}..{last}')
   print('target met' if ok else 'TARGET MISSED')

@@ -136,3 +136,38 @@ def test_detaching_tff_service_managers_patches_no_class(monkeypatch):
   later = ServiceManager()
   later.__del__()
   assert deleted == [later]   # The class is untouched.
+
+
+_RESTARTS = r'''
+from tff_dp.execution import runtime
+runtime.manage_workers()
+runtime.configure_execution_context()
+import tensorflow as tf, tensorflow_federated as tff
+@tff.tensorflow.computation(tf.int32)
+def add_one(x):
+  return x + 1
+def threads():
+  with open('/proc/self/status') as f:
+    return next(int(line.split()[1]) for line in f if line.startswith('Threads:'))
+for restart in range(4):
+  assert add_one(41) == 42
+  pid = runtime.worker_pids()
+  print('threads', threads(), 'worker', pid, flush=True)
+  assert runtime.restart_local_worker()
+'''
+
+
+@pytest.mark.slow   # Starts four workers: not in `make test-fast`.
+def test_worker_restarts_leave_no_thread_behind():
+  """A restarted worker's gRPC channel is closed: the coordinator's thread count is the same
+  after every restart (the old code kept one gRPC polling thread per replaced worker)."""
+  env, tag = tagged_env()
+  out = subprocess.run([sys.executable, '-c', _RESTARTS], capture_output=True, text=True,
+                       env=env, timeout=300, check=True).stdout
+  readings = [line.split() for line in out.splitlines() if line.startswith('threads')]
+  assert len(readings) == 4
+  assert len({r[3] for r in readings}) == 4, 'each computation should run on a new worker'
+  # The first restart may start threads gRPC keeps for every later channel; after it, none.
+  assert [int(r[1]) for r in readings[1:]] == [int(readings[1][1])] * 3, out
+  time.sleep(0.5)
+  assert tagged_workers(tag) == set()
