@@ -20,14 +20,15 @@ from tff_dp.training.run_state import stop_signal  # No TensorFlow: imported fir
 
 
 def _end_during_start_up(signum: int) -> None:
-  """A second signal before anything of the run is written: the process ends here, with the
-  abort's `error:` line (a KeyboardInterrupt raised inside TensorFlow's import, where this
-  signal usually lands, can be swallowed, and start-up would go on for seconds)."""
+  """A signal before anything of the run is written: the process ends here, at once, with one
+  line and 128 + signal (nothing is lost; the next step of start-up at which a flag would be
+  seen can be seconds away, and a KeyboardInterrupt raised inside TensorFlow's import, where
+  this signal usually lands, can be swallowed)."""
   try:
     sys.stdout.flush()
   except RuntimeError:   # The signal came in the middle of a write to stdout: it is lost.
     pass
-  line = f'error: {_aborted()}\n'.encode()
+  line = f'{stop_signal.stopped_line(signum)}\n'.encode()
   os.write(native_logs.real_stderr_fd() or sys.stderr.fileno(), line)   # Not through a pipe.
   os._exit(128 + signum)   # pylint: disable=protected-access
 
@@ -35,7 +36,7 @@ def _end_during_start_up(signum: int) -> None:
 # Installed before TensorFlow is imported, so that Ctrl-C or SIGTERM at any moment of start-up
 # is seen (a KeyboardInterrupt raised inside TF's import or its gc callbacks can be swallowed)
 # and ends the run with one line and exit code 128 + signal.
-_STOP = (stop_signal.StopSignal(print, abort_start_up=_end_during_start_up).install()
+_STOP = (stop_signal.StopSignal(print, end_start_up=_end_during_start_up).install()
          if __name__ == '__main__' else None)
 
 import tasks  # noqa: E402  (registers the repository's tasks and their settings; no TensorFlow)

@@ -5,7 +5,8 @@ checkpoint that matches the ledger, so the round under way completes (TFF's work
 process group: a terminal's Ctrl-C does not reach it). A round whose TFF call fails after the
 signal (e.g. the worker was killed too) releases nothing: its ledger record is only written
 after the round returns. A second signal aborts at once (the ledger stays valid, see
-`tff_dp.ledger`).
+`tff_dp.ledger`). While nothing of the run is written, a program may end at the first signal
+(`end_start_up`): there is nothing to keep.
 """
 
 import signal
@@ -22,14 +23,17 @@ class StopSignal:
   SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
   def __init__(self, log: Callable[[str], None] = print, *,
-               abort_start_up: Optional[Callable[[int], None]] = None):
-    """`abort_start_up(signum)`: what a second signal does while nothing of the run is written
-    (no run directory, no round), before the KeyboardInterrupt (SIGINT) or SystemExit it
-    otherwise raises: a command line ends its process there, since that second signal usually
-    lands inside TensorFlow's import, which can swallow a KeyboardInterrupt and start up for
-    seconds more. None (a library caller): only the exception."""
+               end_start_up: Optional[Callable[[int], None]] = None):
+    """`end_start_up(signum)`: what any signal does while nothing of the run is written (no
+    run directory, no round), after stopping the workers: a command line ends its process
+    there, since nothing is lost and the next step of start-up at which a flag is seen can be
+    seconds away (TensorFlow's import, building the task: a CI run saw more than 10 s), and a
+    KeyboardInterrupt raised inside TensorFlow's import can be swallowed. None (a library
+    caller), or a callback that returns: the first signal is a flag, turned into
+    `errors.RunInterrupted` at the next step of start-up (`raise_if_received`), and a second
+    raises KeyboardInterrupt (SIGINT) or SystemExit."""
     self.received: Optional[int] = None
-    self._abort_start_up = abort_start_up
+    self._end_start_up = end_start_up
     self.rounds_started = False   # Set by the round loop: what a stop means changes then.
     # Set once the run directory is written (before round 1): a stop then leaves it behind.
     self.run_dir: Optional[str] = None
@@ -43,17 +47,17 @@ class StopSignal:
   def raise_if_received(self, when: str) -> None:
     """Raises `errors.RunInterrupted` if a signal arrived (used before round 1)."""
     if self.received is not None:
-      raise errors.RunInterrupted(
-          self.received, f'stopped by {self.name} {when}; nothing of the run was written')
+      raise errors.RunInterrupted(self.received, stopped_line(self.received, when))
 
   def _handle(self, signum, frame):
     del frame
+    if self.run_dir is None and not self.rounds_started and self._end_start_up:
+      runtime.shutdown_workers()   # Started by a computation built during start-up, if any.
+      self._end_start_up(signum)
     if self.received is not None:   # Second signal: stop now, and the round with it.
       # TFF's worker has its own process group, so the signal did not reach it: stop it here,
       # or exiting would wait for the round it computes (TFF's thread is not a daemon).
       runtime.shutdown_workers()
-      if self.run_dir is None and not self.rounds_started and self._abort_start_up:
-        self._abort_start_up(signum)
       if signum == signal.SIGINT:
         raise KeyboardInterrupt
       raise SystemExit(128 + signum)
@@ -84,3 +88,8 @@ class StopSignal:
       signal.signal(s, handler)
     self._previous = {}
     return False
+
+
+def stopped_line(signum: int, when: str = 'during start-up') -> str:
+  """What a stop before anything of the run is written says (`when`: at which step)."""
+  return f'stopped by {signal.Signals(signum).name} {when}; nothing of the run was written'
