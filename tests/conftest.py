@@ -22,16 +22,10 @@ runtime.manage_workers()
 # pytest-xdist (`make test`: --dist loadfile) hands whole files to its workers in collection
 # order, each to the next free worker. The longest files go first (longest processing time
 # first), so that no worker is still running a long file after the others have run out of work.
-# The order is the suite's measured per-file durations (`--durations=0` summed per file), longest
-# first, for the 20 files that hold most of its time; measured and replayed in docs/BENCHMARKS.md
-# ("The test suite's time").
-_LONGEST_FILES_FIRST = (
-    'test_benchmarks.py', 'test_reproduce.py', 'test_canary_runs.py', 'test_end_to_end.py',
-    'test_ftrl.py', 'test_distributed.py', 'test_interruptions.py', 'test_faults.py',
-    'test_memory.py', 'test_correlated_noise.py', 'test_experiment.py',
-    'test_privacy_semantics.py', 'test_datasets_on_workers.py', 'test_runtime.py',
-    'test_aggregators.py', 'test_run_life.py', 'test_release.py', 'test_accounting.py',
-    'test_release_stops.py', 'test_readme.py')
+# The order is by the suite's measured durations (`--durations=0`), longest first.
+_LONGEST_FILES_FIRST = ('test_benchmarks.py', 'test_reproduce.py', 'test_end_to_end.py',
+                        'test_ftrl.py', 'test_canary_runs.py', 'test_faults.py',
+                        'test_distributed.py', 'test_memory.py', 'test_correlated_noise.py')
 
 
 def pytest_collection_modifyitems(items):
