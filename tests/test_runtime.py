@@ -149,7 +149,7 @@ def add_one(x):
 def threads():
   with open('/proc/self/status') as f:
     return next(int(line.split()[1]) for line in f if line.startswith('Threads:'))
-for restart in range(4):
+for _ in range(4):
   assert add_one(41) == 42
   pid = runtime.worker_pids()
   print('threads', threads(), 'worker', pid, flush=True)
