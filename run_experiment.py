@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 
+from tff_dp.execution import gc_thresholds  # No TensorFlow.
 from tff_dp.execution import native_logs  # No TensorFlow: imported first.
 from tff_dp.training.run_state import stop_signal  # No TensorFlow: imported first.
 
@@ -104,4 +105,5 @@ def _as_flags(line: str) -> str:
 
 
 if __name__ == '__main__':
+  gc_thresholds.use_for_a_program()   # Before TensorFlow is imported: start-up's CPU.
   sys.exit(main(sys.argv))

@@ -1,6 +1,6 @@
-"""Shared fixtures. The test session manages TFF's workers as a program using the package does
-(`runtime.manage_workers()`), and the session fixture below additionally stops TFF's
-worker_binary at teardown so no test session leaks one.
+"""Shared fixtures. The test session sets itself up as a program using the package does
+(`runtime.manage_workers()`, `gc_thresholds.use_for_a_program()`), and the session fixture
+below additionally stops TFF's worker_binary at teardown so no test session leaks one.
 `tiny_tag_task`: the smallest real task (StackOverflow tag prediction through TFF's loader on a
 generated 6-client cache, a 200 x 30 logistic regression), for tests of the FedAvg process."""
 
@@ -14,9 +14,11 @@ import pytest  # noqa: E402
 # that runs a registered task in this process finds it whichever files ran before it. That the
 # library works without them is tested in subprocesses (tests/test_config.py).
 import tasks  # noqa: E402,F401
+from tff_dp.execution import gc_thresholds  # noqa: E402
 from tff_dp.execution import runtime  # noqa: E402
 
 runtime.manage_workers()
+gc_thresholds.use_for_a_program()   # As run_experiment.py: the collector's share of tracing.
 
 
 # pytest-xdist (`make test`: --dist loadfile) hands whole files to its workers in collection

@@ -12,6 +12,7 @@ import tasks  # noqa: F401  (registers the tasks and their settings section, as 
 from run_helpers import script
 from run_helpers import script_env
 from tff_dp import sections
+from tff_dp.execution import gc_thresholds
 
 
 def _run(args, cwd):
@@ -167,3 +168,27 @@ def test_library_parameters_read_as_flags_on_the_command_line(tmp_path):
   assert (cli_flags.as_flags('`dp=fixed` needs `clip`, not `clip_norm` (see `tff_dp.run`)',
                              {'dp', 'clip'})
           == '--dp=fixed needs --clip, not `clip_norm` (see `tff_dp.run`)')
+
+
+
+def test_the_program_sets_the_collector_thresholds_and_importing_it_does_not():
+  """`python run_experiment.py` sets Python's collector thresholds (tff_dp.execution.
+  gc_thresholds: the collector's share of start-up); importing run_experiment (as the tests'
+  in-process runs do) leaves the process's own."""
+  program = """
+import gc, runpy, sys
+default = gc.get_threshold()
+import run_experiment
+imported = gc.get_threshold()
+sys.argv = ['run_experiment.py', '--helpshort']
+try:
+  runpy.run_path(run_experiment.__file__, run_name='__main__')
+except SystemExit as e:
+  print(e.code, default, imported, gc.get_threshold(), 'tensorflow' in sys.modules, sep=';')
+"""
+  done = subprocess.run([sys.executable, '-c', program], env=script_env(), capture_output=True,
+                        text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  code, default, imported, program_set, tensorflow = done.stdout.splitlines()[-1].split(';')
+  assert code == '0' and imported == default == str((700, 10, 10))   # CPython's defaults.
+  assert program_set == str(gc_thresholds.THRESHOLDS) != default and tensorflow == 'False'

@@ -74,23 +74,25 @@ def test_the_pipeline_block_as_a_program_leaves_no_worker(tmp_path):
 @pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_importing_the_package_changes_nothing_process_wide():
   program = '''
-import atexit, signal, subprocess
+import atexit, gc, signal, subprocess
 # Third-party modules register exit hooks of their own: imported before counting.
 import dp_accounting, matplotlib.pyplot, tensorflow, tensorflow_federated, tensorflow_privacy
-before = atexit._ncallbacks()
+before, thresholds = atexit._ncallbacks(), gc.get_threshold()
 import tff_dp, tff_dp.aggregators, tff_dp.training.api, tff_dp.training.experiment
+from tff_dp.execution import gc_thresholds
 from tensorflow_federated.python.core.impl.executor_stacks import executor_factory
 print(atexit._ncallbacks() == before, signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
-      executor_factory.subprocess is subprocess)
+      executor_factory.subprocess is subprocess, gc.get_threshold() == thresholds)
 from tff_dp.execution import runtime
 runtime.manage_workers()
+gc_thresholds.use_for_a_program()
 print(atexit._ncallbacks() > before, signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL,
-      executor_factory.subprocess is not subprocess)
+      executor_factory.subprocess is not subprocess, gc.get_threshold() != thresholds)
 '''
   done = subprocess.run([sys.executable, '-c', program], env=script_env(), capture_output=True,
                         text=True, timeout=300)
   assert done.returncode == 0, done.stderr[-2000:]
-  assert done.stdout.split() == ['True'] * 6, done.stdout
+  assert done.stdout.split() == ['True'] * 8, done.stdout
 
 
 @pytest.mark.parametrize('page', sorted(['README.md'] + [
