@@ -8,6 +8,7 @@ tests/test_faults.py."""
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -116,6 +117,36 @@ def test_a_signal_before_anything_is_written_is_the_callers_to_end_on(monkeypatc
     with pytest.raises(KeyboardInterrupt):
       signal.raise_signal(signal.SIGINT)
   assert not ended
+
+
+@pytest.mark.parametrize('signum, aborts', [(signal.SIGINT, KeyboardInterrupt),
+                                            (signal.SIGTERM, SystemExit)])
+def test_an_abort_that_lands_in_a_finalizer_is_raised_again_after_it(monkeypatch, signum,
+                                                                      aborts):
+  """The second signal's exception, raised while Python runs a finalizer (here a weakref
+  callback; in a CI run, a WeakKeyDictionary's, during a collection), would be printed as
+  "Exception ignored" and dropped, and the abort with it: it is raised again in the code that
+  runs next, and nothing is printed."""
+  import weakref  # pylint: disable=g-import-not-at-top
+  from tff_dp.training.run_state import stop_signal  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(stop_signal.runtime, 'shutdown_workers', lambda: None)
+  dropped = []   # What Python would print as "Exception ignored".
+  monkeypatch.setattr(sys, 'unraisablehook', dropped.append)
+  finalized = []
+
+  class _Dying:
+    pass
+
+  with stop_signal.StopSignal(lambda line: None) as stop:
+    stop.rounds_started = True
+    signal.raise_signal(signum)   # The first: a flag only.
+    dying = _Dying()
+    ref = weakref.ref(dying, lambda _: (signal.raise_signal(signum), finalized.append(1)))
+    with pytest.raises(aborts):
+      del dying   # The finalizer runs here, and the second signal inside it.
+      time.sleep(5)   # The code that runs next, where the abort is raised again at once.
+    assert ref() is None and not finalized   # The abort did cut the finalizer short.
+  assert not dropped and sys.unraisablehook == dropped.append   # Nothing printed; restored.
 
 
 @pytest.mark.slow

@@ -7,14 +7,24 @@ signal (e.g. the worker was killed too) releases nothing: its ledger record is o
 after the round returns. A second signal aborts at once (the ledger stays valid, see
 `tff_dp.ledger`). While nothing of the run is written, a program may end at the first signal
 (`end_start_up`): there is nothing to keep.
+
+The abort is an exception raised by the handler in whatever Python code the main thread runs.
+When that is a finalizer (a weakref callback, `__del__`, a collector callback), Python prints
+the exception as "Exception ignored in ..." and goes on, and the abort would be lost: while the
+handlers are installed, such an abort is sent again (the same signal, from another thread),
+and the handler raises it anew in the code that runs next.
 """
 
 import signal
+import sys
 import threading
 from typing import Callable, Optional
 
 from tff_dp import errors
 from tff_dp.execution import runtime
+
+# How long after an abort was dropped in a finalizer it is sent again.
+_RESEND_SECONDS = 0.05
 
 
 class StopSignal:
@@ -39,6 +49,8 @@ class StopSignal:
     self.run_dir: Optional[str] = None
     self._log = log
     self._previous = {}
+    self._previous_unraisablehook = None
+    self._aborting: Optional[int] = None   # The signal of an abort under way.
 
   @property
   def name(self) -> Optional[str]:
@@ -58,6 +70,7 @@ class StopSignal:
       # TFF's worker has its own process group, so the signal did not reach it: stop it here,
       # or exiting would wait for the round it computes (TFF's thread is not a daemon).
       runtime.shutdown_workers()
+      self._aborting = signum
       if signum == signal.SIGINT:
         raise KeyboardInterrupt
       raise SystemExit(128 + signum)
@@ -78,7 +91,24 @@ class StopSignal:
     if threading.current_thread() is threading.main_thread():
       for s in self.SIGNALS:
         self._previous[s] = signal.signal(s, self._handle)
+      self._previous_unraisablehook = sys.unraisablehook
+      sys.unraisablehook = self._unraisable
     return self
+
+  def _unraisable(self, unraisable) -> None:
+    """An abort raised inside a finalizer, which Python would print and drop: sent again,
+    shortly, from another thread, so that the handler runs after this hook and the finalizer
+    returned (sent from here, it would run inside this hook and be dropped again; should it
+    land in a finalizer again, it comes back here)."""
+    if (self._aborting is not None
+        and isinstance(unraisable.exc_value, (KeyboardInterrupt, SystemExit))):
+      # A real signal, not `_thread.interrupt_main`: it also ends a wait the main thread is in.
+      resend = threading.Timer(_RESEND_SECONDS, signal.pthread_kill,
+                               args=(threading.main_thread().ident, self._aborting))
+      resend.daemon = True
+      resend.start()
+      return
+    self._previous_unraisablehook(unraisable)
 
   def __enter__(self):
     return self.install()
@@ -87,6 +117,9 @@ class StopSignal:
     for s, handler in self._previous.items():
       signal.signal(s, handler)
     self._previous = {}
+    if self._previous_unraisablehook is not None:
+      sys.unraisablehook = self._previous_unraisablehook
+      self._previous_unraisablehook = None
     return False
 
 
