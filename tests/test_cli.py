@@ -170,7 +170,6 @@ def test_library_parameters_read_as_flags_on_the_command_line(tmp_path):
           == '--dp=fixed needs --clip, not `clip_norm` (see `tff_dp.run`)')
 
 
-
 def test_the_program_sets_the_collector_thresholds_and_importing_it_does_not():
   """`python run_experiment.py` sets Python's collector thresholds (tff_dp.execution.
   gc_thresholds: the collector's share of start-up); importing run_experiment (as the tests'

@@ -3,8 +3,8 @@
 With TensorFlow and TFF imported, a process holds about a million objects the collector tracks,
 and building a learning process (Keras models, autograph, TFF's tracing) allocates containers
 by the hundred thousand. At CPython's default thresholds (700, 10, 10) that start-up runs the
-collector's full pass over the whole heap again and again: about 1.2 CPU-s of a 13 CPU-s EMNIST
-smoke run (docs/BENCHMARKS.md, "The test suite's time"). A first threshold of 20,000 lets the
+collector's full pass over the whole heap again and again (measured in docs/BENCHMARKS.md,
+"Where the suite's CPU goes, and the collector's thresholds"). A first threshold of 20,000 lets the
 short-lived containers of a trace die before a collection looks at them; garbage in reference
 cycles is still collected, in larger batches, and a full pass waits for 8,000,000 net
 allocations instead of 70,000.
