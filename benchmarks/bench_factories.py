@@ -16,14 +16,20 @@ Rounds of all arms are interleaved with a rotating order, so machine noise hits 
 Peak memory: the peak RSS of this process plus its TFF worker_binary over `--memory_rounds`
 rounds of the arm (reset between arms through /proc/PID/clear_refs), and how far that peak
 rises above the RSS resident when the arm starts (the arm's transient round memory; the
-resident part grows as arms are built in one process). Also prints the ledger + accountant
-cost per round. Usage: python benchmarks/bench_factories.py [--rounds 5] [--tasks emnist,stackoverflow_word]
-[--arms plain,fixed,bandmf_64]
+resident part grows as arms are built in one process). With `--process_reps N`, each chosen
+arm also runs alone in a fresh process N times (arms interleaved), and the median of that
+process's peak (its own VmHWM plus its worker's, over `--memory_rounds` rounds after a warm-up
+round) compares BandMF with fixed without the other arms' memory in the way. Also prints the
+ledger + accountant cost per round. Usage: python benchmarks/bench_factories.py [--rounds 5]
+[--tasks emnist,stackoverflow_word] [--arms plain,fixed,bandmf_64] [--process_reps 3]
 """
 
 import argparse
 import os
 import platform
+import re
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -94,13 +100,22 @@ def _arms(task, clients, *, plan_rounds, min_separation, only=None):
 
 class _Fed:
   """A process whose correlated noise is fed before each round, as a run feeds it
-  (`aggregators.noise_feed`): `next` writes the round's noise into the state, then commits."""
+  (`aggregators.noise_feed`): `next` writes the round's noise into the state, then commits.
+
+  The feed starts with every buffer written, as it is from round `bands` on: the stream starts
+  from `np.zeros` buffers, whose pages are not resident until a round writes them, so a
+  benchmark of a few rounds would otherwise measure a fraction of the state's memory and time.
+  """
 
   def __init__(self, process, feed):
     self._process, self._feed, self._round = process, feed, 0
 
   def initialize(self):
-    return self._process.initialize()
+    state = self._process.initialize()
+    self._feed.start(state)
+    saved = self._feed.state()
+    self._feed.restore(dict(saved, buffers=[np.full_like(b, 1e-3) for b in saved['buffers']]))
+    return state
 
   def next(self, state, data):
     self._round += 1
@@ -156,18 +171,75 @@ def bench_task(name, data_dir, clients, rounds, max_elements=None, memory_rounds
 def _print_banded_against_fixed(times, peaks, model_bytes, args) -> None:
   """BandMF against fixed (issue 40's targets: at most 1.5x per round; a peak above fixed's of
   at most 1.1x its noise state, i.e. the state held once, not copied per round)."""
-  bands = {'bandmf': min(args.min_separation, args.plan_rounds),
-           'bandmf_64': min(64, args.plan_rounds)}
-  for k, b in bands.items():
+  for k in ('bandmf', 'bandmf_64'):
     if k in times and 'fixed' in times:
       # The feed's buffers stay resident from the arm's warm-up round on: what the arm holds
       # above fixed is the state plus the difference of their round peaks above resident.
-      state = (b - 1) * model_bytes / 2**20
+      state = _noise_state_mib(k, model_bytes, args)
       above = state + peaks[k][1] - peaks['fixed'][1]
-      print(f'{k}: {b} bands, noise state {state:.0f} MiB; x fixed per round '
+      print(f'{k}: noise state {state:.0f} MiB; x fixed per round '
             f'{times[k] / times["fixed"]:.2f}; memory above fixed\'s: the state held plus '
             f'{peaks[k][1] - peaks["fixed"][1]:.0f} MiB of round peak = {above:.0f} MiB = '
             f'{above / state:.2f} x the noise state')
+
+
+def _noise_state_mib(arm, model_bytes, args) -> float:
+  """BandMF's noise state: its bands - 1 last outputs, each the model's size."""
+  bands = {'bandmf': min(args.min_separation, args.plan_rounds),
+           'bandmf_64': min(64, args.plan_rounds)}[arm]
+  return (bands - 1) * model_bytes / 2**20
+
+
+_ALONE = re.compile(r'^alone: peak MiB (\S+) coordinator, (\S+) worker; model bytes (\d+)$', re.M)
+
+
+def _alone_peaks(arm, task, args) -> tuple[float, float, int]:
+  """(coordinator, worker peak MiB, model bytes) of `arm` alone in a fresh process (`--alone`)."""
+  command = [sys.executable, os.path.abspath(__file__), f'--alone={arm}', f'--tasks={task}',
+             f'--clients={args.clients}', f'--memory_rounds={args.memory_rounds}',
+             f'--plan_rounds={args.plan_rounds}', f'--min_separation={args.min_separation}']
+  if args.max_elements is not None:
+    command.append(f'--max_elements={args.max_elements}')
+  out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+  match = _ALONE.search(out)
+  return float(match.group(1)), float(match.group(2)), int(match.group(3))
+
+
+def _print_alone_peaks(task, args) -> None:
+  """Each arm alone in a fresh process, `--process_reps` times in rotating order: the median
+  whole-process peak, and BandMF's above fixed's against its noise state (target 1.1x)."""
+  arms = [a for a in args.arms.split(',') if a != 'plain']
+  runs = {a: [] for a in arms}
+  for arm in bench_common.rotating_order(arms, args.process_reps):
+    coordinator, worker, model_bytes = _alone_peaks(arm, task, args)
+    runs[arm].append((coordinator + worker, coordinator, worker))
+  medians = {a: [statistics.median(col) for col in zip(*v)] for a, v in runs.items()}
+  print(f'\n{task}, each arm alone in a fresh process ({args.process_reps} each, interleaved)'
+        f'\n{"arm":<15} {"median peak MiB":>16} {"coordinator":>12} {"worker":>8} '
+        f'{"every peak MiB":>22}')
+  for a, v in runs.items():
+    total, coordinator, worker = medians[a]
+    print(f'{a:<15} {total:>16.0f} {coordinator:>12.0f} {worker:>8.0f} '
+          f'{" ".join(f"{r[0]:.0f}" for r in v):>22}')
+  for a in arms:
+    if a.startswith('bandmf') and 'fixed' in medians:
+      state = _noise_state_mib(a, model_bytes, args)
+      above = [x - y for x, y in zip(medians[a], medians['fixed'])]
+      print(f'{a}: peak above fixed\'s {above[0]:.0f} MiB (coordinator {above[1]:.0f}, worker '
+            f'{above[2]:.0f}) = {above[0] / state:.2f} x its noise state ({state:.0f} MiB)')
+
+
+def _run_alone(args) -> None:
+  """The `--alone` child: one arm on the first task, then its processes' peaks on one line."""
+  name = args.tasks.split(',')[0]
+  data_dir = os.path.join(tempfile.gettempdir(), 'tff_dp_bench_data')
+  synthetic_data.ensure_default_cache(data_dir, name)
+  _, _, model_bytes = bench_task(
+      name, data_dir, args.clients, 1, args.max_elements, args.memory_rounds,
+      plan_rounds=args.plan_rounds, min_separation=args.min_separation, only=[args.alone])
+  # bench_task reset both peaks after the arm's warm-up round.
+  print(f'alone: peak MiB {_mib([os.getpid()], "VmHWM"):.1f} coordinator, '
+        f'{_mib(runtime.worker_pids(), "VmHWM"):.1f} worker; model bytes {model_bytes}')
 
 
 def ledger_cost(rounds: int = 300) -> dict:
@@ -199,12 +271,13 @@ def ledger_cost(rounds: int = 300) -> dict:
 
 
 # `--smoke`: the smallest settings, which the test suite runs (bench_args): every line of the
-# benchmark, on the arms its own report needs (plain, fixed and the two BandMF arms); every
-# arm's factory is still built (`_arms`), and each factory's rounds are tested in its own tests.
-# BandMF with 4 bands holds 3 model-sized buffers (19 at the default plan), bandmf_64 here 19.
+# benchmark, on the arms its BandMF report needs (plain, fixed and bandmf_64, here 19 model-sized
+# buffers; `bandmf` is the same code with fewer bands), once in this process and once alone;
+# every arm's factory is still built (`_arms`), and each factory's rounds are tested in its own
+# tests.
 SMOKE = ['--rounds=1', '--clients=6', '--tasks=emnist', '--max_elements=20', '--memory_rounds=1',
          '--ledger_rounds=20', '--plan_rounds=20', '--min_separation=4',
-         '--arms=fixed,bandmf,bandmf_64']
+         '--arms=fixed,bandmf_64', '--process_reps=1']
 
 
 def main():
@@ -225,7 +298,13 @@ def main():
                       'bands: this many, so bands - 1 model-sized buffers)')
   parser.add_argument('--arms', default=None,
                       help='only these arms, comma-separated (default: all; plain first)')
+  parser.add_argument('--process_reps', type=int, default=0,
+                      help='also run each of --arms alone in a fresh process this many times '
+                      'and compare their whole-process peaks')
+  parser.add_argument('--alone', default=None, help=argparse.SUPPRESS)  # A --process_reps run.
   args = bench_args.parse(parser, SMOKE)
+  if args.alone:
+    return _run_alone(args)
   only = None if args.arms is None else ['plain'] + [a for a in args.arms.split(',')
                                                      if a != 'plain']
   data_dir = os.path.join(tempfile.gettempdir(), 'tff_dp_bench_data')
@@ -244,6 +323,8 @@ def main():
       print(f'{k:<15} {t:>8.3f} {t / times["plain"]:>8.3f} {peaks[k][0]:>9.0f} '
             f'{peaks[k][1]:>30.0f}')
     _print_banded_against_fixed(times, peaks, model_bytes, args)
+    if args.process_reps and args.arms:
+      _print_alone_peaks(name, args)
   print('\nledger + accountant, per round (adaptive clipping, two queries)')
   for k, v in ledger_cost(args.ledger_rounds).items():
     print(f'{k:<32} {v * 1000:>8.2f} ms')
