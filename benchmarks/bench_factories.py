@@ -123,6 +123,11 @@ class _Fed:
     self._feed.commit(self._round)
     return output
 
+  @property
+  def noise_state_mib(self) -> float:
+    """What the feed holds between rounds (BandMF: its bands - 1 last outputs)."""
+    return sum(np.asarray(b).nbytes for b in self._feed.state()['buffers']) / 2**20
+
 
 def _fed(process, aggregator):
   feed = noise_feed.for_factory(aggregator)
@@ -162,20 +167,19 @@ def bench_task(name, data_dir, clients, rounds, max_elements=None, memory_rounds
       states[k] = p.next(states[k], data).state
     peak = _mib(pids, 'VmHWM')
     peaks[k] = (peak, peak - baseline)
-  model_bytes = 4 * sum(int(np.prod(np.shape(w))) for w in tff.learning.models.ModelWeights
-                        .from_model(task.model_fn()).trainable)
+  noise_mib = {k: p.noise_state_mib for k, p in processes.items() if isinstance(p, _Fed)}
   return (bench_common.interleaved_median_seconds(processes, states, data, rounds), peaks,
-          model_bytes)
+          noise_mib)
 
 
-def _print_banded_against_fixed(times, peaks, model_bytes, args) -> None:
+def _print_banded_against_fixed(times, peaks, noise_mib) -> None:
   """BandMF against fixed (issue 40's targets: at most 1.5x per round; a peak above fixed's of
   at most 1.1x its noise state, i.e. the state held once, not copied per round)."""
   for k in ('bandmf', 'bandmf_64'):
     if k in times and 'fixed' in times:
       # The feed's buffers stay resident from the arm's warm-up round on: what the arm holds
       # above fixed is the state plus the difference of their round peaks above resident.
-      state = _noise_state_mib(k, model_bytes, args)
+      state = noise_mib[k]
       above = state + peaks[k][1] - peaks['fixed'][1]
       print(f'{k}: noise state {state:.0f} MiB; x fixed per round '
             f'{times[k] / times["fixed"]:.2f}; memory above fixed\'s: the state held plus '
@@ -183,18 +187,13 @@ def _print_banded_against_fixed(times, peaks, model_bytes, args) -> None:
             f'{above / state:.2f} x the noise state')
 
 
-def _noise_state_mib(arm, model_bytes, args) -> float:
-  """BandMF's noise state: its bands - 1 last outputs, each the model's size."""
-  bands = {'bandmf': min(args.min_separation, args.plan_rounds),
-           'bandmf_64': min(64, args.plan_rounds)}[arm]
-  return (bands - 1) * model_bytes / 2**20
+_ALONE = re.compile(r'^alone: peak MiB (\S+) coordinator, (\S+) worker; noise state MiB (\S+)$',
+                    re.M)
 
 
-_ALONE = re.compile(r'^alone: peak MiB (\S+) coordinator, (\S+) worker; model bytes (\d+)$', re.M)
-
-
-def _alone_peaks(arm, task, args) -> tuple[float, float, int]:
-  """(coordinator, worker peak MiB, model bytes) of `arm` alone in a fresh process (`--alone`)."""
+def _alone_peaks(arm, task, args) -> tuple[float, float, float]:
+  """(coordinator, worker peak MiB, noise state MiB) of `arm` alone in a fresh process
+  (`--alone`)."""
   command = [sys.executable, os.path.abspath(__file__), f'--alone={arm}', f'--tasks={task}',
              f'--clients={args.clients}', f'--memory_rounds={args.memory_rounds}',
              f'--plan_rounds={args.plan_rounds}', f'--min_separation={args.min_separation}']
@@ -202,16 +201,16 @@ def _alone_peaks(arm, task, args) -> tuple[float, float, int]:
     command.append(f'--max_elements={args.max_elements}')
   out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
   match = _ALONE.search(out)
-  return float(match.group(1)), float(match.group(2)), int(match.group(3))
+  return float(match.group(1)), float(match.group(2)), float(match.group(3))
 
 
 def _print_alone_peaks(task, args) -> None:
   """Each arm alone in a fresh process, `--process_reps` times in rotating order: the median
   whole-process peak, and BandMF's above fixed's against its noise state (target 1.1x)."""
   arms = [a for a in args.arms.split(',') if a != 'plain']
-  runs = {a: [] for a in arms}
+  runs, noise_mib = {a: [] for a in arms}, {}
   for arm in bench_common.rotating_order(arms, args.process_reps):
-    coordinator, worker, model_bytes = _alone_peaks(arm, task, args)
+    coordinator, worker, noise_mib[arm] = _alone_peaks(arm, task, args)
     runs[arm].append((coordinator + worker, coordinator, worker))
   medians = {a: [statistics.median(col) for col in zip(*v)] for a, v in runs.items()}
   print(f'\n{task}, each arm alone in a fresh process ({args.process_reps} each, interleaved)'
@@ -223,7 +222,7 @@ def _print_alone_peaks(task, args) -> None:
           f'{" ".join(f"{r[0]:.0f}" for r in v):>22}')
   for a in arms:
     if a.startswith('bandmf') and 'fixed' in medians:
-      state = _noise_state_mib(a, model_bytes, args)
+      state = noise_mib[a]
       above = [x - y for x, y in zip(medians[a], medians['fixed'])]
       print(f'{a}: peak above fixed\'s {above[0]:.0f} MiB (coordinator {above[1]:.0f}, worker '
             f'{above[2]:.0f}) = {above[0] / state:.2f} x its noise state ({state:.0f} MiB)')
@@ -234,12 +233,13 @@ def _run_alone(args) -> None:
   name = args.tasks.split(',')[0]
   data_dir = os.path.join(tempfile.gettempdir(), 'tff_dp_bench_data')
   synthetic_data.ensure_default_cache(data_dir, name)
-  _, _, model_bytes = bench_task(
+  _, _, noise_mib = bench_task(
       name, data_dir, args.clients, 1, args.max_elements, args.memory_rounds,
       plan_rounds=args.plan_rounds, min_separation=args.min_separation, only=[args.alone])
   # bench_task reset both peaks after the arm's warm-up round.
   print(f'alone: peak MiB {_mib([os.getpid()], "VmHWM"):.1f} coordinator, '
-        f'{_mib(runtime.worker_pids(), "VmHWM"):.1f} worker; model bytes {model_bytes}')
+        f'{_mib(runtime.worker_pids(), "VmHWM"):.1f} worker; noise state MiB '
+        f'{noise_mib.get(args.alone, 0.0):.1f}')
 
 
 def ledger_cost(rounds: int = 300) -> dict:
@@ -314,7 +314,7 @@ def main():
         f'{args.plan_rounds} rounds, each client every {args.min_separation}')
   for name in args.tasks.split(','):
     synthetic_data.ensure_default_cache(data_dir, name)
-    times, peaks, model_bytes = bench_task(
+    times, peaks, noise_mib = bench_task(
         name, data_dir, args.clients, args.rounds, args.max_elements, args.memory_rounds,
         plan_rounds=args.plan_rounds, min_separation=args.min_separation, only=only)
     print(f'\n{name}\n{"arm":<15} {"s/round":>8} {"x plain":>8} {"peak MiB":>9} '
@@ -322,7 +322,7 @@ def main():
     for k, t in times.items():
       print(f'{k:<15} {t:>8.3f} {t / times["plain"]:>8.3f} {peaks[k][0]:>9.0f} '
             f'{peaks[k][1]:>30.0f}')
-    _print_banded_against_fixed(times, peaks, model_bytes, args)
+    _print_banded_against_fixed(times, peaks, noise_mib)
     if args.process_reps and args.arms:
       _print_alone_peaks(name, args)
   print('\nledger + accountant, per round (adaptive clipping, two queries)')
