@@ -343,7 +343,7 @@ def test_cli_curve_and_calibration(tmp_path, capsys):
   path = str(tmp_path / 'ledger.jsonl')
   _write(path, [_fixed_record(t) for t in range(1, 6)])
   assert cli.main(['prog', '--ledger', path, '--delta', '1e-5', '--method', 'rdp']) == 0
-  lines = capsys.readouterr().out.strip().split('\n')
+  lines = [l for l in capsys.readouterr().out.strip().split('\n') if not l.startswith('#')]
   assert lines[0] == 'round,epsilon_rdp,epsilon_pld' and len(lines) == 6
   assert lines[-1].startswith('5,') and lines[-1].endswith(',')
   assert cli.main(['prog', '--target_epsilon', '2', '--rounds', '100', '--population', '1000',
@@ -418,7 +418,8 @@ def test_cli_reads_ledger_with_conservative_re_execution(tmp_path, capsys):
   z = 1.0999999776
   _write(path, [_fixed_record(t, z=z, clip=1.0) for t in (1, 2, 3, 3, 4)])
   assert cli.main(['prog', '--ledger', path, '--delta', '1e-5', '--method', 'rdp']) == 0
-  rows = [line.split(',') for line in capsys.readouterr().out.strip().split('\n')[1:]]
+  csv = [l for l in capsys.readouterr().out.strip().split('\n') if not l.startswith('#')]
+  rows = [line.split(',') for line in csv[1:]]
   assert [int(r[0]) for r in rows] == [1, 2, 3, 3, 4]
   # Every record composed, exactly (a fresh dp_accounting RdpAccountant, 5 rounds).
   event = dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(z))
@@ -526,3 +527,17 @@ def test_delta_at_or_above_one_over_population_is_refused(tmp_path, capsys):
   assert len(err) == 3 and all(l.startswith('error: `--delta') or l.startswith('error: --delta')
                                for l in err), err
   assert cli.main(['prog', '--ledger', path, '--delta', '0.0009']) == 0
+
+
+def test_replace_one_is_refused_on_a_dp_accounting_it_was_not_checked_against(monkeypatch):
+  """Our replace-one multiplier is sigma / 2S, right for dp_accounting 0.4 (which takes the
+  relation's sensitivity from us); a version that applies the relation itself would count it
+  twice, so it is refused there rather than under-reported."""
+  from tff_dp.accounting import events  # pylint: disable=g-import-not-at-top
+  record = ledger.RoundRecord(1, ledger.SamplingEvent('fixed_size', 10, sample_size=2),
+                              (ledger.GaussianSumQuery('update', 1.0, 1.0),))
+  assert events.gaussian_noise_multipliers(record, 'replace_one') == [0.5]
+  monkeypatch.setattr(events, '_installed_dp_accounting', lambda: '0.6.0')
+  with pytest.raises(errors.UserInputError, match='dp_accounting 0.6.0'):
+    events.gaussian_noise_multipliers(record, 'replace_one')
+  assert events.gaussian_noise_multipliers(record, 'add_remove') == [1.0]

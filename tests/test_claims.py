@@ -154,22 +154,44 @@ def test_min_separation_add_remove_is_refused_and_would_not_hold():
 
 
 def test_cyclic_poisson_add_remove():
-  """Amplified BandMF at q = 1 (40 clients, 4 groups, 10 a round, 3 cycles): an added client
-  moves nobody, so the pair differs in the added client's rounds only."""
-  sampler = sampling.build_sampler('cyclic_poisson', IDS, 10, seed=0, groups=4)
-  assert sampler.probability == 1.0
+  """Amplified BandMF at a given q = 1 (40 clients, 4 groups, 10 a round, 3 cycles): an added
+  client moves nobody, and the rate is the same for both neighbours, so the pair differs in
+  the added client's rounds only."""
+  sampler = sampling.build_sampler('cyclic_poisson', IDS, 10, seed=0, groups=4,
+                                   probability=1.0)
   records, noise, sigma = _correlated_records('bandmf', sampler, ROUNDS, 4, 1, z=1.5,
                                               amplified=True, bands=4)
   eps_rdp, eps_pld, relation = _claimed(records)
   assert relation == 'add_remove'
   release = _toeplitz(_coefs(noise, ROUNDS), ROUNDS)
-  # The rate is a public parameter of the mechanism (N is treated as public), the same for
-  # both neighbours.
-  make = lambda ids, seed: sampling.CyclicPoissonSampler(ids, 4, sampler.probability,
-                                                         seed=seed)
+  # Each side's sampler as the package builds it for that side's clients, with the given q.
+  make = lambda ids, seed: sampling.build_sampler('cyclic_poisson', ids, 10, seed=seed,
+                                                  groups=4, probability=1.0)
   for eps in (eps_rdp, eps_pld):
     real = _conditional_delta(make, IDS, relation, ROUNDS, release, sigma, eps, range(60))
     assert real <= DELTA * (1 + 1e-6), (eps, real)
+
+
+def test_cyclic_poisson_zero_out():
+  """Amplified BandMF with q derived from the population (q = 10 x 4 / 40 = 1): the claim the
+  package states must hold for neighbours built as that claim's relation allows, each side's
+  sampler built by the package for that side's clients. Under add/remove the added client
+  would lower q to 40/41 for everyone (delta 0.04 where 1e-5 was claimed); the claim is
+  zero-out, whose neighbours share the population and so q."""
+  sampler = sampling.build_sampler('cyclic_poisson', IDS, 10, seed=0, groups=4)
+  assert sampler.probability == 1.0
+  records, noise, sigma = _correlated_records('bandmf', sampler, ROUNDS, 4, 1, z=1.5,
+                                              amplified=True, bands=4)
+  eps_rdp, eps_pld, relation = _claimed(records)
+  release = _toeplitz(_coefs(noise, ROUNDS), ROUNDS)
+  make = lambda ids, seed: sampling.build_sampler('cyclic_poisson', ids, 10, seed=seed,
+                                                  groups=4)
+  for eps in (eps_rdp, eps_pld):
+    real = _conditional_delta(make, IDS, relation, ROUNDS, release, sigma, eps, range(60))
+    assert real <= DELTA * (1 + 1e-6), (relation, eps, real)
+  assert relation == claims.ZERO_OUT and not sampler.probability_given
+  with pytest.raises(Exception, match='gives `sampling_probability`'):
+    _claimed(records, 'add_remove')
 
 
 def _tree_release(rounds_per_epoch: int, epochs: int) -> np.ndarray:
@@ -209,42 +231,106 @@ def _per_round_differences(make_sampler, ids, relation, rounds, seeds):
       - _sums(make_sampler(list(d), s), d, rounds) for s in seeds])
 
 
+def _loss_delta(log_a, log_b, weight, rounds, eps, grid):
+  """delta(eps) of `rounds` compositions of densities a against b (log densities on a grid
+  with quadrature `weight`): the privacy loss log a - log b rounded up to `grid` (an upper
+  bound), its distribution under a convolved over the rounds."""
+  loss = log_a - log_b
+  index = np.ceil((loss - loss.min()) / grid).astype(int)
+  pmf = np.bincount(index, weights=np.exp(log_a) * weight)
+  total, offset = pmf, loss.min()
+  for _ in range(rounds - 1):
+    total = signal.fftconvolve(total, pmf)
+  values = rounds * offset + grid * np.arange(len(total))
+  return float(np.sum(total * np.clip(-np.expm1(eps - values), 0, None)))
+
+
 def _mixture_delta(q: float, shift: float, rounds: int, eps: float, grid: float = 1e-4):
   """delta(eps) of `rounds` compositions of the pair ((1 - q) N(0, 1) + q N(shift, 1),
-  N(0, 1)), in both orders, by a numpy privacy-loss distribution: the loss of each y on a
-  fine grid, rounded up to `grid` (an upper bound), convolved over the rounds."""
+  N(0, 1)), in both orders, by a numpy privacy-loss distribution (`_loss_delta`)."""
   y = np.linspace(-12 - abs(shift), 12 + abs(shift), 400001)
   weight = np.gradient(y)
   log_q = stats.norm.logpdf(y)
   log_p = np.logaddexp(np.log1p(-q) + log_q, np.log(q) + stats.norm.logpdf(y - shift))
-  worst = 0.0
-  for log_a, log_b in ((log_p, log_q), (log_q, log_p)):
-    loss = log_a - log_b
-    index = np.ceil((loss - loss.min()) / grid).astype(int)
-    pmf = np.bincount(index, weights=np.exp(log_a) * weight)
-    total, offset = pmf, loss.min()
-    for _ in range(rounds - 1):
-      total = signal.fftconvolve(total, pmf)
-    values = rounds * offset + grid * np.arange(len(total))
-    worst = max(worst, float(np.sum(total * np.clip(-np.expm1(eps - values), 0, None))))
-  return worst
+  return max(_loss_delta(log_p, log_q, weight, rounds, eps, grid),
+             _loss_delta(log_q, log_p, weight, rounds, eps, grid))
+
+
+def _sum_distribution(updates, q):
+  """{sum: probability} of a round's sum when each client (update +1, 0 or -1) is included
+  independently at rate q: the distribution the Poisson sampler draws."""
+  dist = {0.0: 1.0}
+  for u in updates.values():
+    nxt = {}
+    for total, p in dist.items():
+      nxt[total] = nxt.get(total, 0.0) + p * (1 - q)
+      nxt[total + u] = nxt.get(total + u, 0.0) + p * q
+    dist = {k: v for k, v in nxt.items() if v > 1e-40}   # The rest: < 1e-38 in all.
+  return dist
+
+
+def _sums_delta(p, q, sigma, rounds, eps, grid=1e-4):
+  """delta(eps) of `rounds` compositions of the pair of Gaussian mixtures sum_k p[k] N(k,
+  sigma^2) and sum_k q[k] N(k, sigma^2), in both orders (`_loss_delta`)."""
+  means = [k / sigma for k in (*p, *q)]
+  y = np.linspace(min(means) - 12, max(means) + 12, 400001)
+  weight = np.gradient(y)
+
+  def log_density(mixture):
+    return np.logaddexp.reduce([math.log(w) + stats.norm.logpdf(y - k / sigma)
+                                for k, w in mixture.items()], axis=0)
+
+  log_p, log_q = log_density(p), log_density(q)
+  return max(_loss_delta(log_p, log_q, weight, rounds, eps, grid),
+             _loss_delta(log_q, log_p, weight, rounds, eps, grid))
 
 
 def test_poisson_add_remove():
-  """DP-FedAvg, Poisson q = 0.2 over 60 clients, z = 1, 3 rounds."""
+  """DP-FedAvg, Poisson at a given q = 0.2 over 60 clients, z = 1, 3 rounds."""
   ids, q, z, rounds = IDS[:30] + [f'd{i}' for i in range(30)], 0.2, 1.0, 3
-  sampler = sampling.PoissonSampler(ids, q, seed=0)
+  sampler = sampling.build_sampler('poisson', ids, 12, seed=0, probability=q)
   query = (ledger_lib.GaussianSumQuery('update', CLIP, z * CLIP),)
   records = [ledger_lib.RoundRecord(r, sampler.sampling_event(r), query)
              for r in range(1, rounds + 1)]
   eps_rdp, eps_pld, relation = _claimed(records)
   assert relation == 'add_remove'
-  moves = _per_round_differences(lambda i, s: sampling.PoissonSampler(i, q, seed=s), ids,
-                                 relation, 1, range(3000))
+  # Each side's sampler as the package builds it for that side's clients, with the given q.
+  moves = _per_round_differences(
+      lambda i, s: sampling.build_sampler('poisson', i, 12, seed=s, probability=q), ids,
+      relation, 1, range(3000))
   assert set(moves) <= {0.0, -1.0}   # Only the added client's own -1 ever moves a sum.
   assert abs(np.mean(moves == -1.0) - q) < 5 * math.sqrt(q * (1 - q) / moves.size)
   for eps in (eps_rdp, eps_pld):
     assert _mixture_delta(q, -CLIP / (z * CLIP), rounds, eps) <= DELTA * 1.001, eps
+
+
+@pytest.mark.parametrize('population, clients_per_round, z, rounds, seed', [
+    (40, 40, 2.0, 3, None),   # q = m / N = 1: an added client lowers everyone's q.
+    (40, 38, 1.0, 10, 7),     # Seeded, q = 38/40 against 38/41.
+])
+def test_poisson_zero_out(population, clients_per_round, z, rounds, seed):
+  """DP-FedAvg with q derived from the population (q = clients_per_round / N). The claim the
+  package states is attacked with the neighbours its relation allows, each side's rate the
+  one the package's sampler takes for that side's clients, and the exact mixture of each
+  round's sum (every client included at that rate) composed over the rounds. The add/remove
+  claim the package used to make fails here (delta 0.054 and 1.1e-4 where 1e-5 was claimed:
+  the added client changes q for all); the zero-out claim holds."""
+  ids = [f'c{i}' for i in range(population)]
+  sampler = sampling.build_sampler('poisson', ids, clients_per_round, seed=seed)
+  query = (ledger_lib.GaussianSumQuery('update', CLIP, z * CLIP),)
+  records = [ledger_lib.RoundRecord(r, sampler.sampling_event(r), query)
+             for r in range(1, rounds + 1)]
+  eps_rdp, eps_pld, relation = _claimed(records)
+  d, d_prime = _neighbours(ids, relation)
+  rate = lambda side: sampling.build_sampler('poisson', list(side), clients_per_round,
+                                             seed=seed).probability
+  p, q = _sum_distribution(d, rate(d)), _sum_distribution(d_prime, rate(d_prime))
+  for eps in (eps_rdp, eps_pld):
+    real = _sums_delta(p, q, z * CLIP, rounds, eps)
+    assert real <= DELTA * 1.001, (relation, eps, real)
+  assert relation == claims.ZERO_OUT
+  with pytest.raises(Exception, match='gives `sampling_probability`'):
+    _claimed(records, 'add_remove')
 
 
 def test_fixed_size_replace_one():
@@ -289,16 +375,18 @@ def test_docs_privacy_table_matches_the_claim_table():
   found = set()
   for line in rows:
     cells = [c.strip() for c in line.strip('|').split('|')]
-    noise, sampler, relation, proof, attack = cells[:5]
-    found.add((noise.strip('`'), sampler.strip('`'), relation.strip('`'), attack.strip('`')))
-  assert found == {(c.noise, c.sampler, c.relation, c.attack) for c in claims.CLAIMS}
+    noise, sampler, rate, relation, proof, attack = cells[:6]
+    found.add((noise.strip('`'), sampler.strip('`'), rate.strip('`'), relation.strip('`'),
+               attack.strip('`')))
+  assert found == {(c.noise, c.sampler, c.rate, c.relation, c.attack) for c in claims.CLAIMS}
 
 
 # The statement's headline against a seed holder, for every sampler that amplifies.
 
 def _cyclic_records(seeded: bool, rounds=12, groups=4, q=0.5, sigma=2.0):
   ids = [f'c{i}' for i in range(80)]
-  sampler = sampling.CyclicPoissonSampler(ids, groups, q, seed=1 if seeded else None)
+  sampler = sampling.CyclicPoissonSampler(ids, groups, q, seed=1 if seeded else None,
+                                          probability_given=True)
   noise = correlated.recorded(mechanisms.get('bandmf').strategy(rounds, groups, 1, bands=groups,
                                                   amplified=True), rounds, groups, 1)
   query = (ledger_lib.GaussianSumQuery('update', CLIP, sigma),)
@@ -325,8 +413,11 @@ def test_a_seeded_cyclic_poisson_run_headlines_the_epsilon_against_the_seed_hold
                            seeded=True, private_release=False)
   epsilons = {'rdp': amplified[0], 'pld': amplified[1]}
   head = guarantee.headline(records, epsilons, DELTA, ('rdp', 'pld'),
-                            mechanisms.claim('bandmf', 'cyclic_poisson'), seeded=True)
+                            mechanisms.claim('bandmf', 'cyclic_poisson', True), seeded=True)
   assert head.epsilon == against and head.if_seed_secret == epsilons
+  assert head.basis == 'without_amplification'
+  # The one guarantee, from the records alone, is the same headline.
+  assert guarantee.of_records(records, DELTA, pld_value_discretization_interval=1e-4) == head
   s = privacy_statement.statement(
       dp='bandmf', rounds_completed=12, epsilons=epsilons,
       delta=DELTA, sampling_event=sampler.sampling_event(12), facts=facts, released_columns=(),

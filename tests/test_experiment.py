@@ -9,6 +9,7 @@ import pytest
 
 import tasks
 from tff_dp import ledger as ledger_lib
+from tff_dp import privacy
 from tff_dp.errors import UserInputError
 from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
@@ -137,3 +138,61 @@ def test_worker_restarts_between_rounds_leave_the_model_unchanged(data_dir, tmp_
   assert len(set(pids[2])) == 2, pids[2]         # ... or a fresh one after round 2.
   for kept, restarted in zip(weights[0], weights[2]):
     np.testing.assert_allclose(kept, restarted, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
+def test_max_epsilon_stops_a_seeded_run_before_its_headline_passes_it(data_dir, tmp_path):
+  """A seeded run's headline is the epsilon against the seed holder (no amplification: the
+  rounds compose as one Gaussian of multiplier z / sqrt(rounds)). The cap must stop the run
+  before that headline passes it, not before the amplified per-round columns do (which stay
+  below the cap for all 4 rounds here)."""
+  def gaussian_epsilon(z, delta):   # dp_accounting, built here.
+    return dp_accounting.rdp.RdpAccountant().compose(
+        dp_accounting.GaussianDpEvent(z)).get_epsilon(delta)
+
+  full, full_rows, _ = _run(data_dir, tmp_path, 'full', sampling_seed=7, noise_multiplier=1.0)
+  with open(tmp_path / 'full' / 'config.json') as f:
+    delta = json.load(f)['delta_used']
+  headline = [gaussian_epsilon(1.0 / np.sqrt(r), delta) for r in range(1, 5)]
+  assert full.privacy['epsilon']['rdp'] == pytest.approx(headline[3], rel=1e-6)
+  limit = (headline[1] + headline[2]) / 2
+  assert max(float(r['epsilon_rdp']) for r in full_rows) < limit   # The columns never reach it.
+  summary, rows, records = _run(data_dir, tmp_path, 'capped', sampling_seed=7,
+                                noise_multiplier=1.0, max_epsilon=limit)
+  assert summary.stopped_by_max_epsilon and summary.rounds_completed == 2 and len(records) == 2
+  assert summary.privacy['epsilon']['rdp'] == pytest.approx(headline[1], rel=1e-6)
+  assert headline[1] <= limit
+  # q was derived from the population (5 / 20): the claim is zero-out, with that epsilon.
+  assert summary.privacy['neighboring_relation'] == 'replace_special'
+  # The library API states the same headline for the same records (its sampler over a
+  # population of the same size and seed draws the same sampling events).
+  full_records = ledger_lib.read_ledger(os.path.join(full.run_dir, 'ledger.jsonl'))
+  private = privacy.PrivateAggregation.build(
+      'fixed', [f'c{i}' for i in range(full_records[0].sampling.population_size)],
+      clients_per_round=5, clip=1.0, noise_multiplier=1.0, delta=delta, sampling_seed=7)
+  for record in full_records:
+    q = record.queries[0]
+    private.record(record.round_num, {'privacy_queries': {q.name: {
+        'l2_norm_clip': q.l2_norm_clip, 'noise_stddev': q.noise_stddev}}})
+  assert private.records == full_records
+  assert private.epsilon()['rdp'] == pytest.approx(full.privacy['epsilon']['rdp'], rel=1e-12)
+  assert private.statement()['neighboring_relation'] == 'replace_special'
+
+
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
+def test_a_given_sampling_rate_states_add_remove(data_dir, tmp_path):
+  """`sampling_probability` fixes q before the data is seen: recorded in config.json and every
+  ledger record, used whatever N is, and the claim is add/remove-one (dp_accounting here)."""
+  summary, _, records = _run(data_dir, tmp_path, 'given', sampling_probability=0.3,
+                             total_rounds=2)
+  assert all(r.sampling.probability == 0.3 and r.sampling.probability_given for r in records)
+  with open(tmp_path / 'given' / 'config.json') as f:
+    config = json.load(f)
+  assert config['sampling_probability'] == 0.3
+  assert summary.privacy['neighboring_relation'] == 'add_remove'
+  assert summary.privacy['sampling']['rate'].startswith('given')
+  acc = dp_accounting.rdp.RdpAccountant()
+  z = records[0].queries[0].noise_stddev / records[0].queries[0].l2_norm_clip   # float32 0.8.
+  acc.compose(dp_accounting.PoissonSampledDpEvent(0.3, dp_accounting.GaussianDpEvent(z)), 2)
+  assert summary.privacy['epsilon']['rdp'] == pytest.approx(acc.get_epsilon(
+      config['delta_used']), rel=1e-9)

@@ -560,7 +560,8 @@ def test_one_ledger_holds_one_mechanism(relation):
   """A ledger's first record chooses its mechanism's accountant; a record of another mechanism
   is refused whichever comes first (tree rounds then Gaussian rounds, or the reverse)."""
   tree = _tree_records(_schedule([[2]]), 1.0)
-  gaussian = ledger.RoundRecord(3, ledger.SamplingEvent('poisson', 1000, probability=0.01),
+  gaussian = ledger.RoundRecord(3, ledger.SamplingEvent('poisson', 1000, probability=0.01,
+                                                   probability_given=True),
                                 tree[0].queries)
   acc = accountant_lib.LedgerAccountant(1e-6, ('rdp',), relation)
   first, second = (tree[0], gaussian) if relation == 'replace_special' else (gaussian, tree[0])

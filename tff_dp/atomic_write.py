@@ -9,15 +9,16 @@ from typing import Iterator, Optional, TextIO
 
 
 @contextlib.contextmanager
-def replacing(path: str, newline: Optional[str] = None) -> Iterator[TextIO]:
-  """Yields a text file; when the block ends without error it replaces `path` atomically."""
+def replacing(path: str, newline: Optional[str] = None, mode: int = 0o644) -> Iterator[TextIO]:
+  """Yields a text file; when the block ends without error it replaces `path` atomically,
+  with permissions `mode` (0o600 for a secret)."""
   fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix='.tmp-')
   try:
     with os.fdopen(fd, 'w', newline=newline) as f:
       yield f
       f.flush()
       os.fsync(f.fileno())
-    os.chmod(tmp, 0o644)   # mkstemp creates 0600; outputs are meant to be read and copied.
+    os.chmod(tmp, mode)   # mkstemp creates 0600; outputs are meant to be read and copied.
     os.replace(tmp, path)
   except BaseException:
     with contextlib.suppress(OSError):
@@ -25,6 +26,6 @@ def replacing(path: str, newline: Optional[str] = None) -> Iterator[TextIO]:
     raise
 
 
-def write_text(path: str, text: str) -> None:
-  with replacing(path) as f:
+def write_text(path: str, text: str, mode: int = 0o644) -> None:
+  with replacing(path, mode=mode) as f:
     f.write(text)

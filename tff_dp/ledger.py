@@ -47,6 +47,7 @@ import operator
 import os
 from typing import Any, List, Optional, Sequence, Tuple
 
+from tff_dp import atomic_write
 from tff_dp import choices
 from tff_dp import errors
 
@@ -119,6 +120,12 @@ class SamplingEvent:
   `seeded`: the sample is a function of a sampling seed (reproducible, so a re-executed round
   draws the same clients again: the accountant composes both executions as one sample released
   twice); written to JSON only when true.
+  `probability_given`: the Poisson kinds' `probability` was an input of the run, fixed before
+  the data was seen and used whatever the population (so add/remove neighbours run with the
+  same q); false when it was derived from the population (q = m / N, or m x groups / N), so
+  a neighbour with one client more or fewer would run with another q and only zero-out
+  holds (`tff_dp.accounting.claims`). Written to JSON only when true, so ledgers written before
+  it read as derived.
   """
   kind: str
   population_size: int
@@ -127,6 +134,7 @@ class SamplingEvent:
   epoch: Optional[int] = None
   seeded: bool = False
   groups: Optional[int] = None
+  probability_given: bool = False
 
   def __post_init__(self):
     if self.kind not in SAMPLING_KINDS:
@@ -158,6 +166,11 @@ class SamplingEvent:
       raise LedgerError(f'A {self.kind} SamplingEvent has no groups, got {self.groups!r}.')
     if not isinstance(self.seeded, bool):
       raise LedgerError(f'SamplingEvent.seeded must be true or false, got {self.seeded!r}.')
+    if not isinstance(self.probability_given, bool):
+      raise LedgerError(f'SamplingEvent.probability_given must be true or false, got '
+                        f'{self.probability_given!r}.')
+    if self.probability_given and self.kind not in _WITH_PROBABILITY:
+      raise LedgerError(f'A {self.kind} SamplingEvent has no probability to be given.')
 
   def to_json(self) -> dict:
     out = dataclasses.asdict(self)
@@ -167,6 +180,8 @@ class SamplingEvent:
       del out['seeded']   # Likewise for secret samples.
     if self.kind != 'cyclic_poisson':
       del out['groups']
+    if not self.probability_given:
+      del out['probability_given']   # Ledgers written before it read the same.
     return out
 
 
@@ -303,12 +318,15 @@ class RoundRecord:
     s = obj['sampling']
     shuffled = isinstance(s, dict) and s.get('kind') in _WITH_EPOCH
     seeded = isinstance(s, dict) and 'seeded' in s
+    given = isinstance(s, dict) and 'probability_given' in s
     cyclic = isinstance(s, dict) and s.get('kind') == 'cyclic_poisson'
     _check_keys(s, {'kind', 'population_size', 'probability', 'sample_size'}
                 | ({'epoch'} if shuffled else set()) | ({'seeded'} if seeded else set())
-                | ({'groups'} if cyclic else set()), 'sampling')
-    if seeded and s['seeded'] is not True:
-      raise LedgerError(f'sampling.seeded is written only as true, got {s["seeded"]!r}.')
+                | ({'groups'} if cyclic else set())
+                | ({'probability_given'} if given else set()), 'sampling')
+    for name, present in (('seeded', seeded), ('probability_given', given)):
+      if present and s[name] is not True:
+        raise LedgerError(f'sampling.{name} is written only as true, got {s[name]!r}.')
     if not isinstance(obj['queries'], list):
       raise LedgerError('record.queries must be a list.')
     integers = [('round_num', obj['round_num']), ('population_size', s['population_size'])]
@@ -362,29 +380,47 @@ def _mac(key: bytes, canonical_body: str) -> str:
   return hmac.new(key, canonical_body.encode('utf-8'), hashlib.sha256).hexdigest()
 
 
-def encode_record(record: RoundRecord, seq: int, mac_key: Optional[bytes] = None) -> bytes:
+def _chain_mac(key: bytes, previous_mac: str, canonical_body: str) -> str:
+  """A line's chained MAC: over the previous line's MAC and its own canonical body, so the
+  MACs commit to every line before it and to their order."""
+  return _mac(key, previous_mac + '\n' + canonical_body)
+
+
+def encode_record(record: RoundRecord, seq: int, mac_key: Optional[bytes] = None,
+                  previous_mac: str = '') -> bytes:
   """Returns the self-validating ledger line (with trailing newline) for `record`.
 
   `seq` is the 1-based line number the line will have in the ledger (`PrivacyLedger.append`
   stamps it; `read_ledger` rejects a line whose seq differs from its position). With
-  `mac_key` the line also carries its HMAC-SHA256 (the module docstring).
+  `mac_key` the line also carries its chained MAC (`chain`, over `previous_mac`, the MAC of
+  the line before it, '' for the first; the module docstring).
   """
   seq = _as_int(seq, 'seq', 1)
   body = {'record': record.to_json(), 'schema_version': SCHEMA_VERSION, 'seq': seq}
   canonical = _canonical(body)
   line = dict(body, sha256=hashlib.sha256(canonical.encode('utf-8')).hexdigest())
   if mac_key is not None:
-    line['hmac'] = _mac(mac_key, canonical)
+    line['chain'] = _chain_mac(mac_key, previous_mac, canonical)
   return (_canonical(line) + '\n').encode('utf-8')
 
 
 def decode_line(line: bytes, line_num: int, path: str = '<ledger>',
-                mac_key: Optional[bytes] = None) -> Tuple[RoundRecord, Optional[int]]:
+                mac_key: Optional[bytes] = None,
+                previous_mac: str = '') -> Tuple[RoundRecord, Optional[int]]:
   """Parses and verifies one complete ledger line; raises LedgerError naming the line.
 
   Returns (record, seq), seq None for a version-1 line. Only checksum, MAC (when `mac_key`
-  is given) and schema are checked here; the order of lines is checked by `read_ledger`.
+  is given; a chained MAC over `previous_mac`) and schema are checked here; the order of
+  lines is checked by `read_ledger`.
   """
+  record, seq, _ = _decode_line(line, line_num, path, mac_key, previous_mac)
+  return record, seq
+
+
+def _decode_line(line: bytes, line_num: int, path: str, mac_key: Optional[bytes],
+                 previous_mac: str) -> Tuple[RoundRecord, Optional[int], str]:
+  """`decode_line`, with the line's MAC ('' if it has none) for the next line's chain; a
+  chained MAC is returned as 'chain:<hex>' (so a reader knows a seal commits to it)."""
   where = f'{path} line {line_num}'
   try:
     obj = json.loads(line.decode('utf-8'))
@@ -399,26 +435,35 @@ def decode_line(line: bytes, line_num: int, path: str = '<ledger>',
     raise LedgerError(f'{where}: not a ledger line (expected keys record, schema_version, '
                       'seq, sha256).')
   body_keys = {'record', 'schema_version'} | ({'seq'} if version >= 2 else set())
-  if set(obj) - {'hmac'} != body_keys | {'sha256'}:
+  macs = set(obj) & {'hmac', 'chain'}
+  if set(obj) - macs != body_keys | {'sha256'} or len(macs) > 1:
     raise LedgerError(f'{where}: not a schema_version {version} ledger line (keys '
-                      f'{sorted(obj)}, expected {sorted(body_keys | {"sha256"})}).')
+                      f'{sorted(obj)}, expected {sorted(body_keys | {"sha256"})} and at most '
+                      'one MAC).')
   body = {k: obj[k] for k in body_keys}
   try:
-    digest = hashlib.sha256(_canonical(body).encode('utf-8')).hexdigest()
+    canonical = _canonical(body)
   except ValueError as e:  # NaN/Infinity literals.
     raise LedgerError(f'{where}: invalid value ({e}).') from None
-  if digest != obj['sha256']:
+  if hashlib.sha256(canonical.encode('utf-8')).hexdigest() != obj['sha256']:
     raise LedgerError(f'{where}: checksum mismatch; the line was edited or corrupted.')
-  if mac_key is not None and not (isinstance(obj.get('hmac'), str) and hmac.compare_digest(
-      obj['hmac'], _mac(mac_key, _canonical(body)))):
-    raise LedgerError(f'{where}: its MAC is missing or wrong under the given key: the line was '
-                      'forged (edited with a recomputed checksum), or the key is not this '
-                      'ledger\'s.')
+  mac = obj.get('chain', obj.get('hmac', ''))
+  if mac_key is not None:
+    # Lines written before chained MACs carry `hmac`, a MAC of the line alone.
+    expected = (_chain_mac(mac_key, previous_mac, canonical) if 'chain' in obj
+                else _mac(mac_key, canonical))
+    if not (isinstance(mac, str) and mac and hmac.compare_digest(mac, expected)):
+      raise LedgerError(f'{where}: its MAC is missing or wrong under the given key: the line '
+                        'was forged (edited with a recomputed checksum), moved, or the key is '
+                        'not this ledger\'s.')
+  if not isinstance(mac, str):
+    raise LedgerError(f'{where}: its MAC must be a string, got {mac!r}.')
   seq = obj.get('seq')
   if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool)):
     raise LedgerError(f'{where}: seq must be a JSON integer, got {seq!r}.')
   try:
-    return RoundRecord.from_json(obj['record']), seq
+    return (RoundRecord.from_json(obj['record']), seq,
+            f'chain:{mac}' if 'chain' in obj else mac)
   except LedgerError as e:
     raise LedgerError(f'{where}: {e}') from None
 
@@ -435,17 +480,19 @@ def _check_round_order(round_num: int, prev_round: int, where: str) -> None:
         'go up by one (or go back to re-execute a round after a resume), never skip a round.')
 
 
-def _decode_ledger(lines: Sequence[bytes], path: str,
-                   mac_key: Optional[bytes] = None) -> List[RoundRecord]:
-  """Decodes complete ledger lines and checks their order (see the module docstring).
+def _decode_ledger(lines: Sequence[bytes], path: str, mac_key: Optional[bytes] = None
+                   ) -> Tuple[List[RoundRecord], List[str]]:
+  """Decodes complete ledger lines and checks their order (see the module docstring):
+  (records, each line's MAC or '').
 
   The one place where a whole ledger is validated: `read_ledger` and `PrivacyLedger` use it.
   """
-  records = []
+  records, macs = [], []
   prev_round = 0
   seen_seq = False
   for line_num, line in enumerate(lines, 1):
-    record, seq = decode_line(line, line_num, path, mac_key)
+    record, seq, mac = _decode_line(line, line_num, path, mac_key,
+                                    _bare(macs[-1]) if macs else '')
     where = f'{path} line {line_num}'
     if seq is None:  # Version 1: no seq, so the rounds themselves must be 1, 2, 3, ...
       if seen_seq:
@@ -464,8 +511,63 @@ def _decode_ledger(lines: Sequence[bytes], path: str,
             f'number {line_num}; a line was deleted, duplicated or moved.')
       _check_round_order(record.round_num, prev_round, where)
     records.append(record)
+    macs.append(mac)
     prev_round = record.round_num
-  return records
+  return records, macs
+
+
+def _bare(mac: str) -> str:
+  """A MAC as `_decode_line` returns it, without its 'chain:' tag."""
+  return mac[len('chain:'):] if mac.startswith('chain:') else mac
+
+
+# The seal (`write_seal`): what a MAC'd ledger's count and chain head are checked against; a
+# run keeps it under this name in its secret/, beside the key.
+SEAL_FILE = 'ledger_seal'
+
+def _seal_mac(key: bytes, count: int, head: str) -> str:
+  return _mac(key, f'tff_dp.ledger seal {count} {head}')
+
+
+def write_seal(path: str, mac_key: bytes, count: int, head: str) -> None:
+  """Durably replaces the seal at `path`: the ledger's number of lines and the chained MAC of
+  its last line (`head`), MAC'd under the ledger's key. Kept secret with the key: a ledger cut
+  short, or whose lines were removed and re-chained, no longer matches it (`check_seal`).
+  Written after each append (through a temporary file and a rename, owner-only)."""
+  atomic_write.write_text(path, json.dumps({'records': count, 'head': head,
+                                            'mac': _seal_mac(mac_key, count, head)},
+                                           sort_keys=True), mode=0o600)
+  _fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def check_seal(path: str, mac_key: bytes, macs: Sequence[str], ledger_path: str) -> int:
+  """Checks the ledger whose lines' MACs are `macs` against its seal at `path`; returns the
+  number of lines the seal commits to. One line more than the seal is accepted (its append
+  completed, its seal did not: a crash between them; the line's own MAC still chains to the
+  sealed head). LedgerError for a missing or forged seal, a ledger cut short, or lines
+  replaced."""
+  try:
+    with open(path, 'rb') as f:
+      seal = json.loads(f.read().decode('utf-8'))
+  except FileNotFoundError:
+    raise LedgerError(f'{ledger_path}: its seal {path} is missing, so a ledger cut short '
+                      'could not be told from a whole one; it is kept in the run\'s secret/ '
+                      'beside the ledger key.') from None
+  except (OSError, ValueError) as e:
+    raise LedgerError(f'{path}: not a ledger seal ({e}).') from None
+  count, head = (seal.get('records'), seal.get('head')) if isinstance(seal, dict) else (None,
+                                                                                        None)
+  if (not isinstance(count, int) or isinstance(count, bool) or not isinstance(head, str)
+      or not hmac.compare_digest(str(seal.get('mac')), _seal_mac(mac_key, count, head))):
+    raise LedgerError(f'{path}: the seal\'s MAC is wrong under the given key: the seal was '
+                      'forged, or the key is not this ledger\'s.')
+  if count > len(macs):
+    raise LedgerError(f'{ledger_path}: {len(macs)} lines, but its seal commits to {count}: the '
+                      'ledger was cut short (its last lines removed).')
+  if count < len(macs) - 1 or (_bare(macs[count - 1]) if count else '') != head:
+    raise LedgerError(f'{ledger_path}: its lines do not end as its seal ({count} lines) says: '
+                      'lines were replaced or added.')
+  return count
 
 
 def _split_complete_lines(data: bytes) -> Tuple[List[bytes], bytes]:
@@ -489,9 +591,11 @@ def _read_bytes(path: str) -> bytes:
     raise LedgerError(f'Cannot read ledger file {path}: {e.strerror or e}.') from None
 
 
-def read_ledger(path: str, mac_key: Optional[bytes] = None) -> List[RoundRecord]:
+def read_ledger(path: str, mac_key: Optional[bytes] = None,
+                seal_path: Optional[str] = None) -> List[RoundRecord]:
   """Reads every record of the ledger at `path`, in file order (every line's MAC verified
-  under `mac_key` when given).
+  under `mac_key` when given, and with `seal_path` the count and chain head checked against
+  the seal, `check_seal`).
 
   Raises LedgerError naming the 1-based line number of the first truncated (no trailing
   newline), edited (checksum mismatch), empty, schema-invalid or out-of-order (deleted,
@@ -499,13 +603,24 @@ def read_ledger(path: str, mac_key: Optional[bytes] = None) -> List[RoundRecord]
   """
   data = _read_bytes(path)
   lines, tail = _split_complete_lines(data)
-  records = _decode_ledger(lines, path, mac_key)
+  records, macs = _decode_ledger(lines, path, mac_key)
   if tail:
     raise LedgerError(
         f'{path} line {len(lines) + 1}: truncated line ({len(tail)} bytes, no trailing '
         'newline), probably a crash mid-write: move it aside with `python -m tff_dp.accounting '
         f'--repair {path}` (a resumed run does it itself).')
+  if seal_path is not None:
+    if mac_key is None:
+      raise LedgerError('a ledger\'s seal is checked under its key: give the key too.')
+    check_seal(seal_path, mac_key, macs, path)
   return records
+
+
+def macs_of(path: str) -> List[str]:
+  """Each complete line's MAC, unverified ('' for a line without one; a chained MAC as
+  'chain:<hex>'): whether a reader without the key is reading a ledger it cannot verify."""
+  lines, _ = _split_complete_lines(_read_bytes(path))
+  return _decode_ledger(lines, path)[1]
 
 
 def check_resumable(path: str) -> None:
@@ -586,37 +701,55 @@ class PrivacyLedger:
   dropped). `append` stamps each line with its seq (num_records + 1) and refuses a record
   whose round number would break the order `read_ledger` checks. Use as a context manager
   or call `close()`. With `mac_key` every existing line's MAC is verified and every appended
-  line carries one.
+  line carries a chained one; with `seal_path` too, the existing lines are checked against the
+  seal (`check_seal`; a chained ledger without its seal is refused) and the seal is rewritten
+  after every append, so a ledger cut short is refused under the key.
   """
 
-  def __init__(self, path: str, repair: bool = False, mac_key: Optional[bytes] = None):
+  def __init__(self, path: str, repair: bool = False, mac_key: Optional[bytes] = None,
+               seal_path: Optional[str] = None):
+    if seal_path is not None and mac_key is None:
+      raise LedgerError('a ledger seal is written under the ledger\'s key: give `mac_key`.')
     self.path = path
-    self._mac_key = mac_key
+    self.mac_key = mac_key
+    self.seal_path = seal_path
     self.repaired_to = None  # Path of the moved partial line, if a repair happened.
     self._fd = None
-    if os.path.exists(path):
-      lines, tail = _split_complete_lines(_read_bytes(path))
-      if tail:
-        if not repair:
-          raise LedgerError(
-              f'{path} line {len(lines) + 1} is a partial line ({len(tail)} bytes, no '
-              'trailing newline), probably from a crash mid-write. Refusing to append. '
-              'Reopen with repair=True (or call '
-              'tff_dp.ledger.repair_truncated_tail) to move it to '
-              f'{path}.corrupt-<timestamp>.')
-      records = _decode_ledger(lines, path, mac_key)
-      if tail:
-        self.repaired_to = repair_truncated_tail(path)
-      self._num_records = len(records)
-      self._last_round = records[-1].round_num if records else 0
-      created = False
-    else:
-      self._num_records = 0
-      self._last_round = 0
-      created = True
+    self._last_mac = ''
+    self._num_records = self._last_round = 0
+    created = not os.path.exists(path)
+    if not created:
+      self._open_existing(repair)
     self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     if created:
       _fsync_dir(os.path.dirname(os.path.abspath(path)))
+    self._seal()
+
+  def _open_existing(self, repair: bool) -> None:
+    """Validates the existing lines (and their seal), moving a partial last line aside when
+    `repair`."""
+    path = self.path
+    lines, tail = _split_complete_lines(_read_bytes(path))
+    if tail and not repair:
+      raise LedgerError(
+          f'{path} line {len(lines) + 1} is a partial line ({len(tail)} bytes, no '
+          'trailing newline), probably from a crash mid-write. Refusing to append. '
+          'Reopen with repair=True (or call '
+          'tff_dp.ledger.repair_truncated_tail) to move it to '
+          f'{path}.corrupt-<timestamp>.')
+    records, macs = _decode_ledger(lines, path, self.mac_key)
+    chained = any(m.startswith('chain:') for m in macs)
+    if self.seal_path is not None and (chained or os.path.exists(self.seal_path)):
+      check_seal(self.seal_path, self.mac_key, macs, path)
+    if tail:
+      self.repaired_to = repair_truncated_tail(path)
+    self._num_records = len(records)
+    self._last_round = records[-1].round_num if records else 0
+    self._last_mac = _bare(macs[-1]) if macs else ''
+
+  def _seal(self) -> None:
+    if self.seal_path is not None:
+      write_seal(self.seal_path, self.mac_key, self._num_records, self._last_mac)
 
   @property
   def num_records(self) -> int:
@@ -631,7 +764,7 @@ class PrivacyLedger:
       raise LedgerError(f'append expects a RoundRecord, got {type(record).__name__}.')
     seq = self._num_records + 1
     _check_round_order(record.round_num, self._last_round, f'{self.path} line {seq}')
-    line = encode_record(record, seq, self._mac_key)
+    line = encode_record(record, seq, self.mac_key, self._last_mac)
     view = memoryview(line)
     while view:  # os.write on a regular file writes everything; loop for safety.
       written = os.write(self._fd, view)
@@ -639,6 +772,9 @@ class PrivacyLedger:
     os.fsync(self._fd)
     self._num_records = seq
     self._last_round = record.round_num
+    if self.mac_key is not None:
+      self._last_mac = json.loads(line)['chain']
+    self._seal()
 
   def close(self) -> None:
     if self._fd is not None:
@@ -658,7 +794,8 @@ class PrivacyLedger:
       pass
 
 
-def move_records(path: str, records: Sequence[RoundRecord], moved_path: str) -> None:
+def move_records(path: str, records: Sequence[RoundRecord], moved_path: str,
+                 mac_key: Optional[bytes] = None, seal_path: Optional[str] = None) -> None:
   """Moves `records` (which must be the ledger's last lines) from `path` to `moved_path`.
 
   Used on resume for rounds that released no output before a crash (see
@@ -666,9 +803,10 @@ def move_records(path: str, records: Sequence[RoundRecord], moved_path: str) -> 
   `moved_path` (fsynced; read it with `read_moved_records`) before the ledger is rewritten
   through a temporary file and an atomic rename, so a crash at any point loses no line. The
   ledger keeps lines 1..k with seq 1..k, so the next append (seq k + 1) continues it. Any
-  open PrivacyLedger on `path` must be reopened.
+  open PrivacyLedger on `path` must be reopened. With `mac_key` the ledger is verified first
+  (and against its seal at `seal_path`), and the seal then commits to the k kept lines.
   """
-  all_records = read_ledger(path)
+  all_records = read_ledger(path, mac_key, seal_path)
   keep = len(all_records) - len(records)
   if keep < 0 or tuple(all_records[keep:]) != tuple(records):
     raise LedgerError(f'{path}: can only move the last records of the ledger.')
@@ -685,3 +823,6 @@ def move_records(path: str, records: Sequence[RoundRecord], moved_path: str) -> 
     os.fsync(f.fileno())
   os.replace(tmp, path)
   _fsync_dir(os.path.dirname(os.path.abspath(path)))
+  if seal_path is not None:
+    _, macs = _decode_ledger(lines[:keep], path, mac_key)
+    write_seal(seal_path, mac_key, keep, _bare(macs[-1]) if macs else '')

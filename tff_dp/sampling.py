@@ -2,8 +2,10 @@
 # them secret, side by side, so that each is read beside the others it must match.
 """Client samplers and their privacy-ledger events; the sample is secret unless seeded.
 
-The amplification the accountant applies (q = m / N) assumes nobody but the mechanism knows
-which clients a round used. By default (`seed=None`) every round's draw therefore comes from
+The amplification the accountant applies (q) assumes nobody but the mechanism knows which
+clients a round used. The Poisson kinds' q is given (`build_sampler(probability=...)`, fixed
+before the data is seen: the claim is add/remove) or derived from the population (q = m / N:
+zero-out, `tff_dp.accounting.claims`); each sampler records which in its events. By default (`seed=None`) every round's draw therefore comes from
 the operating system's CSPRNG (`os.urandom`): nothing in the run's outputs, config or
 checkpoints lets anyone recompute a sample, and a resumed run simply draws fresh samples for
 the rounds it (re-)executes (each execution is its own ledger record). With an explicit
@@ -202,12 +204,18 @@ class _Sampler:
 
 
 class PoissonSampler(_Sampler):
-  """Includes each client independently with probability q (may return no client)."""
+  """Includes each client independently with probability q (may return no client).
+
+  `probability_given`: q was fixed before the data was seen (an input of the run, used
+  whatever the population), which the add/remove claim needs; False (the default, the safe
+  reading) when q was computed from this population, e.g. m / N: a neighbour with one client
+  more would run with another q, so only zero-out holds (`tff_dp.accounting.claims`)."""
 
   def __init__(self, client_ids: Sequence[Hashable], probability: float,
-               seed: Optional[int] = None):
+               seed: Optional[int] = None, probability_given: bool = False):
     super().__init__(client_ids, seed)
     self.probability = _check_probability(probability)
+    self.probability_given = bool(probability_given)
 
   @property
   def expected_clients_per_round(self) -> float:
@@ -221,7 +229,8 @@ class PoissonSampler(_Sampler):
   def sampling_event(self, round_num: Optional[int] = None) -> ledger.SamplingEvent:
     del round_num   # The same every round.
     return ledger.SamplingEvent(kind='poisson', population_size=len(self.client_ids),
-                                probability=self.probability, seeded=not self.secret)
+                                probability=self.probability, seeded=not self.secret,
+                                probability_given=self.probability_given)
 
 
 class FixedSizeSampler(_Sampler):
@@ -387,11 +396,13 @@ class CyclicPoissonSampler(_Sampler):
 
   The partition is a secret key's (kept beside the checkpoints as `ShuffledSampler`'s); each
   round's Poisson draw is `_Sampler`'s, from OS randomness or from the seed. `epoch(r)` is the
-  cycle of round r."""
+  cycle of round r. `probability_given` as `PoissonSampler`'s."""
 
   def __init__(self, client_ids: Sequence[Hashable], groups: int, probability: float,
-               seed: Optional[int] = None, key: Optional[bytes] = None):
+               seed: Optional[int] = None, key: Optional[bytes] = None,
+               probability_given: bool = False):
     super().__init__(client_ids, seed)
+    self.probability_given = bool(probability_given)
     groups = _non_negative_int(groups, 'groups')
     if not 1 <= groups <= len(self.client_ids):
       raise errors.UserInputError(
@@ -422,7 +433,8 @@ class CyclicPoissonSampler(_Sampler):
   def sampling_event(self, round_num: int) -> ledger.SamplingEvent:
     return ledger.SamplingEvent(kind='cyclic_poisson', population_size=len(self.client_ids),
                                 probability=self.probability, epoch=self.epoch(round_num),
-                                groups=self.groups, seeded=not self.secret)
+                                groups=self.groups, seeded=not self.secret,
+                                probability_given=self.probability_given)
 
 
 def holdout_key(seed: Optional[int]) -> bytes:
@@ -486,18 +498,23 @@ def save_key(path: str, key: bytes) -> None:
     os.close(fd)
 
 
-# `client_sampling` -> the sampler of `clients_per_round` clients (its expected number for
-# Poisson) from a population (`build_sampler`).
+# `client_sampling` -> the sampler of `clients_per_round` clients (its expected number for the
+# Poisson kinds) from a population (`build_sampler`); the Poisson kinds also take their rate q
+# and whether it was given (`_rate`).
 _SAMPLERS = {
-    'poisson': lambda ids, m, seed, key, groups: PoissonSampler(ids, m / len(ids), seed=seed),
-    'fixed_size': lambda ids, m, seed, key, groups: FixedSizeSampler(ids, m, seed=seed),
-    'shuffled': lambda ids, m, seed, key, groups: ShuffledSampler(ids, m, seed=seed, key=key),
-    'min_separation': lambda ids, m, seed, key, groups: MinSeparationSampler(
+    'poisson': lambda ids, m, seed, key, groups, rate: PoissonSampler(
+        ids, rate[0], seed=seed, probability_given=rate[1]),
+    'fixed_size': lambda ids, m, seed, key, groups, rate: FixedSizeSampler(ids, m, seed=seed),
+    'shuffled': lambda ids, m, seed, key, groups, rate: ShuffledSampler(
         ids, m, seed=seed, key=key),
-    'cyclic_poisson': lambda ids, m, seed, key, groups: CyclicPoissonSampler(
-        ids, groups, cyclic_poisson_probability(len(ids), m, groups), seed=seed, key=key),
+    'min_separation': lambda ids, m, seed, key, groups, rate: MinSeparationSampler(
+        ids, m, seed=seed, key=key),
+    'cyclic_poisson': lambda ids, m, seed, key, groups, rate: CyclicPoissonSampler(
+        ids, groups, rate[0], seed=seed, key=key, probability_given=rate[1]),
 }
 choices.check_implemented(choices.CLIENT_SAMPLERS, _SAMPLERS, 'tff_dp.sampling')
+# The samplers that include each client with a rate q (`probability`).
+WITH_PROBABILITY = ('poisson', 'cyclic_poisson')
 
 
 def cyclic_poisson_probability(population: int, clients_per_round: int, groups: int) -> float:
@@ -512,12 +529,32 @@ def cyclic_poisson_probability(population: int, clients_per_round: int, groups: 
   return q
 
 
+def _rate(kind: str, population: int, clients_per_round: int, groups: Optional[int],
+          probability: Optional[float]) -> tuple[Optional[float], bool]:
+  """(q, whether it was given) of a Poisson kind: `probability` when given, else derived from
+  the population so that a round samples `clients_per_round` clients on average."""
+  if kind not in WITH_PROBABILITY:
+    if probability is not None:
+      raise errors.UserInputError(f'`sampling_probability` is the rate of '
+                                  f'{choices.one_of(WITH_PROBABILITY)} sampling; '
+                                  f'`client_sampling={kind}` draws `clients_per_round` clients')
+    return None, False
+  if probability is not None:
+    return _check_probability(probability), True
+  if kind == 'cyclic_poisson':
+    return cyclic_poisson_probability(population, clients_per_round, groups), False
+  return clients_per_round / population, False
+
+
 def build_sampler(kind: str, client_ids: Sequence[Hashable], clients_per_round: int,
                   seed: Optional[int] = None, key: Optional[bytes] = None,
-                  groups: Optional[int] = None) -> _Sampler:
+                  groups: Optional[int] = None,
+                  probability: Optional[float] = None) -> _Sampler:
   """The `kind` sampler (a `choices.CLIENT_SAMPLERS` name) of `clients_per_round` clients;
   `key`: the permutation samplers' secret key (None: a new one, unless `seed` is given);
-  `groups`: cyclic Poisson's number of groups (required by it, refused by the others)."""
+  `groups`: cyclic Poisson's number of groups (required by it, refused by the others);
+  `probability`: the Poisson kinds' rate q, fixed before the data is seen (then their claim
+  is add/remove); None: q is derived from the population (zero-out)."""
   if kind not in _SAMPLERS:
     raise errors.UserInputError(f'`client_sampling` must be one of '
                                 f'{choices.one_of(_SAMPLERS)}, got {kind!r}')
@@ -525,4 +562,5 @@ def build_sampler(kind: str, client_ids: Sequence[Hashable], clients_per_round: 
     raise errors.UserInputError('cyclic Poisson sampling needs its number of groups (`bands`), '
                                 'and only it takes one')
   ids = _check_population(client_ids)
-  return _SAMPLERS[kind](ids, clients_per_round, seed, key, groups)
+  rate = _rate(kind, len(ids), clients_per_round, groups, probability)
+  return _SAMPLERS[kind](ids, clients_per_round, seed, key, groups, rate)

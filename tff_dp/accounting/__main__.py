@@ -1,8 +1,12 @@
 r"""CLI: epsilon curve of a ledger, or noise calibration.
 
-  python -m tff_dp.accounting --ledger RUN_DIR/ledger.jsonl --delta 1e-6 [--method both]
-      prints CSV `round,epsilon_rdp,epsilon_pld` (one row per ledger record; PLD on every
-      --pld_every-th row and the last, empty elsewhere).
+  python -m tff_dp.accounting --ledger RUN_DIR/ledger.jsonl \
+      --ledger_key RUN_DIR/secret/ledger_key --delta 1e-6 [--method both]
+      prints the run's headline (`# headline: ...`, the guarantee its statement gives: the
+      proven fixed-size bound, the epsilon against a seed holder, or the accountant's), then
+      CSV `round,epsilon_rdp,epsilon_pld` (one row per ledger record; PLD on every
+      --pld_every-th row and the last, empty elsewhere). Without --ledger_key a MAC'd ledger
+      is read unverified and labelled so, on stdout and stderr.
   python -m tff_dp.accounting --repair RUN_DIR/ledger.jsonl
       moves a partial last line (a crash mid-write) to ledger.jsonl.corrupt-TIME, so the
       ledger can be replayed; `--resume` does the same by itself.
@@ -49,6 +53,9 @@ flags.DEFINE_string('ledger', None, 'Path of a ledger.jsonl to replay (curve mod
 flags.DEFINE_string('ledger_key', None, 'With --ledger: the run\'s secret/ledger_key; every '
                     'line\'s MAC is verified with it, so a forged line (edited, its checksum '
                     'recomputed) is refused.', flag_values=FLAGS)
+flags.DEFINE_string('ledger_seal', None, 'With --ledger_key: the run\'s secret/ledger_seal '
+                    '(default: ledger_seal beside the key); a ledger cut short is refused.',
+                    flag_values=FLAGS)
 flags.DEFINE_float('delta', None, 'Target delta, in (0, 1). Required.', flag_values=FLAGS)
 flags.DEFINE_enum('method', 'both', ['rdp', 'pld', 'both'],
                   'Accountant(s) to use. Calibration uses rdp when "both".', flag_values=FLAGS)
@@ -132,39 +139,41 @@ def _existing(path: str) -> str:
   return path
 
 
-def _fmt(x):
-  return '' if x is None else repr(float(x))
+def _mac_key():
+  """The --ledger_key's bytes (None without the flag)."""
+  if FLAGS.ledger_key is None:
+    return None
+  from tff_dp import sampling  # pylint: disable=g-import-not-at-top
+  try:
+    key = sampling.load_key(cli_flags.path(FLAGS.ledger_key), what='ledger key')
+  except OSError as e:
+    raise errors.UserInputError(f'--ledger_key {FLAGS.ledger_key}: {e.strerror or e}.') from None
+  if key is None:
+    raise errors.UserInputError(f'--ledger_key {FLAGS.ledger_key} does not exist.')
+  return key
 
 
 def _curve() -> None:
-  from tff_dp.accounting import accountant  # pylint: disable=g-import-not-at-top
-  methods = tuple(choices.ACCOUNTANTS) if FLAGS.method == 'both' else (FLAGS.method,)
-  mac_key = None
-  if FLAGS.ledger_key is not None:
-    from tff_dp import sampling  # pylint: disable=g-import-not-at-top
-    try:
-      mac_key = sampling.load_key(cli_flags.path(FLAGS.ledger_key), what='ledger key')
-    except OSError as e:
-      raise errors.UserInputError(f'--ledger_key {FLAGS.ledger_key}: {e.strerror or e}.') \
-          from None
-    if mac_key is None:
-      raise errors.UserInputError(f'--ledger_key {FLAGS.ledger_key} does not exist.')
-  records = ledger.read_ledger(cli_flags.path(FLAGS.ledger), mac_key=mac_key)
-  if not records:
-    raise errors.UserInputError(f'--ledger {FLAGS.ledger} holds no round: nothing to account.')
+  from tff_dp.accounting import replay  # pylint: disable=g-import-not-at-top
 
   def progress(done: int, total: int) -> None:   # On stderr: stdout is the CSV.
     print(f'\raccounted {done}/{total} rounds', end='' if done < total else '\n',
           file=sys.stderr, flush=True)
 
-  relation = FLAGS.neighboring or accountant.default_relation(records)
-  curve = accountant.epsilon_curve(
-      records, FLAGS.delta, methods, relation, pld_every=FLAGS.pld_every,
+  found = replay.replay(
+      cli_flags.path(FLAGS.ledger), FLAGS.delta,
+      tuple(choices.ACCOUNTANTS) if FLAGS.method == 'both' else (FLAGS.method,),
+      mac_key=_mac_key(),
+      seal_path=cli_flags.path(FLAGS.ledger_seal) if FLAGS.ledger_seal else None,
+      key_path=cli_flags.path(FLAGS.ledger_key) if FLAGS.ledger_key else None,
+      relation=FLAGS.neighboring, pld_every=FLAGS.pld_every,
       progress=progress if sys.stderr.isatty() else None,
-      pld_value_discretization_interval=FLAGS.pld_discretization)
-  out = ['round,epsilon_rdp,epsilon_pld']
-  out += [f'{p["round"]},{_fmt(p["epsilon_rdp"])},{_fmt(p["epsilon_pld"])}' for p in curve]
-  print('\n'.join(out))
+      pld_discretization=FLAGS.pld_discretization)
+  for note in found.notes:
+    print(f'warning: {note}', file=sys.stderr)
+  if not found.verified:
+    print('warning: verify it with --ledger_key RUN_DIR/secret/ledger_key', file=sys.stderr)
+  print('\n'.join(found.lines()))
 
 
 def _calibrate_amplified() -> None:

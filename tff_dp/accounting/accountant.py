@@ -106,6 +106,7 @@ class LedgerAccountant:
     self._num_records = 0
     self._account: Optional[mechanism_account.MechanismAccount] = None
     self._population: Optional[int] = None
+    self._rate_given = False   # Whether round 1's rate was given (`claims.Claim.rate`).
 
   @property
   def num_records(self) -> int:
@@ -146,11 +147,12 @@ class LedgerAccountant:
   def _compose(self, record: ledger.RoundRecord) -> None:
     """Composes `record` into the ledger's mechanism account (chosen by the first record)."""
     if self._account is None:
-      found = claims.claim(claims.noise_of_record(record), record.sampling.kind)
+      found = claims.claim_of_record(record)
       if self.neighboring_relation is None:
         self.neighboring_relation = found.columns_relation
       claims.check_relation(found, self.neighboring_relation)
       self._population = record.sampling.population_size
+      self._rate_given = record.sampling.probability_given
       kind = next(a for a in ACCOUNTS if a.supports(record))
       self._account = kind(self._orders, self.neighboring_relation, self.methods,
                            self._pld_discretization)
@@ -164,6 +166,10 @@ class LedgerAccountant:
       raise errors.UserInputError(
           f'Round {record.round_num} is {other.name} in a ledger of {self._account.name}; '
           'one ledger holds one mechanism.')
+    elif record.sampling.probability_given != self._rate_given:
+      raise errors.UserInputError(
+          f'Round {record.round_num}\'s sampling rate was {_rate(record.sampling)}, round 1\'s '
+          f'{_rate(self._rate_given)}: one run has one claim (`claims`).')
     self._account.compose(record)
 
   def epsilon_rdp(self) -> float:
@@ -211,6 +217,7 @@ class LedgerAccountant:
       trial._account = None if self._account is None else self._account.rdp_copy()
       trial._num_records = self._num_records
       trial._population = self._population
+      trial._rate_given = self._rate_given
       trial._composed = self._composed.copy()
       # pylint: enable=protected-access
       trial.add(record)
@@ -221,6 +228,12 @@ class LedgerAccountant:
     trial = copy.deepcopy(self)
     trial.add(record)
     return trial.epsilon_pld()
+
+
+def _rate(given) -> str:
+  """How a sampling rate came to be, in words (a SamplingEvent or its `probability_given`)."""
+  given = getattr(given, 'probability_given', given)
+  return 'given' if given else 'derived from the population'
 
 
 class _Composed:

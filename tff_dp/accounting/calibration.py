@@ -32,6 +32,8 @@ from tff_dp import ledger
 from tff_dp import noise_budget
 from tff_dp import sampling as sampling_lib
 from tff_dp.accounting import accountant
+from tff_dp.accounting import claims
+from tff_dp.accounting import events
 
 MECHANISMS = ('gaussian', 'tree')
 
@@ -75,9 +77,10 @@ def _sampling_event(sampling_probability, population_size, clients_per_round,
           raise errors.UserInputError(
               f'clients_per_round ({clients_per_round}) exceeds population_size '
               f'({population_size}).')
-        sampling_probability = float(clients_per_round) / float(population_size)
+        return ledger.SamplingEvent('poisson', population_size, probability=float(
+            clients_per_round) / float(population_size))
       return ledger.SamplingEvent('poisson', population_size or 1,
-                                  probability=sampling_probability)
+                                  probability=sampling_probability, probability_given=True)
     if sampling == 'fixed_size':
       if population_size is None or clients_per_round is None:
         raise errors.UserInputError(
@@ -129,9 +132,12 @@ def calibrate_noise_multiplier(
   if mechanism == 'tree':
     return _calibrate_tree(target_epsilon, delta, rounds, population_size, clients_per_round,
                            clipped_count_stddev, neighboring_relation, method, tol)
-  if neighboring_relation is None:
-    neighboring_relation = 'add_remove'
-  relation = accountant.check_relation(neighboring_relation)
+  if neighboring_relation is None:   # The claim's: zero-out when q is derived from N.
+    neighboring_relation = (claims.claim('independent', sampling,
+                                         sampling_probability is not None).columns_relation
+                            if sampling in ('poisson', 'fixed_size') else 'add_remove')
+  accountant.check_relation(neighboring_relation)
+  relation = events.dp_accounting_relation(neighboring_relation, sampled=True)
   if neighboring_relation == 'replace_one' and sampling != 'fixed_size':
     raise errors.UserInputError(
         "neighboring_relation 'replace_one' is analysed for fixed_size sampling only (Poisson "

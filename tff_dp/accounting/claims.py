@@ -3,7 +3,7 @@ its epsilon is proven under, the theorem it rests on, and the test that attacks 
 
 A run never chooses its relation beside its mechanism: the accountant, the privacy statement,
 the calibration and the accounting CLI all read it here from what ran (the kind of noise, the
-sampler, whether the sample is seeded). A pair missing from the table has no proof and is
+sampler, where its rate came from, whether the sample is seeded). A pair missing from the table has no proof and is
 refused before anything is written, with one line saying what to use instead.
 
 Relations (dp_accounting's `NeighboringRelation`):
@@ -12,6 +12,12 @@ Relations (dp_accounting's `NeighboringRelation`):
   * 'replace_special' (zero-out): one client's data replaced by a special client that
     contributes nothing; the population (and so every client's place in the schedule) is the
     same on both sides.
+
+Every input of a release other than the clients' data must be fixed before the data is seen
+for an add/remove claim. The Poisson samplers' rate q is either given (`sampling_probability`,
+recorded as `SamplingEvent.probability_given`: add/remove) or derived from the population
+(q = m / N: a neighbour with one client more would run with another q, so zero-out, whose
+neighbours share N; the same epsilon, `Claim.rate`).
 
 Samplers that fill fixed-size blocks of a permutation (shuffled, min_separation) support
 zero-out only: adding a client shifts every later client of the permutation into another
@@ -42,9 +48,15 @@ SAMPLER_NAMES = {'poisson': 'Poisson', 'fixed_size': 'fixed-size', 'shuffled': '
                  'min_separation': 'min-separation', 'cyclic_poisson': 'cyclic Poisson'}
 
 
+# Where a row's sampling rate comes from (the claim table's `rate` column, docs/PRIVACY.md).
+RATE_GIVEN = 'given'           # `sampling_probability`: fixed before the data is seen.
+RATE_FROM_POPULATION = 'm / N'  # Derived from the population: a neighbour's N moves it.
+RATE_NONE = 'none'             # No rate: m clients a round, N the same on both sides.
+
+
 @dataclasses.dataclass(frozen=True)
 class Claim:
-  """What a (noise, sampler) pair's epsilon is proven under.
+  """What a (noise, sampler, rate) row's epsilon is proven under.
 
   noise: the mechanism's kind of noise ('independent', 'tree', 'correlated';
     `tff_dp.mechanisms.Mechanism.noise`).
@@ -57,6 +69,13 @@ class Claim:
   per_round_relation: the relation of the per-round epsilon_* columns, when it differs from
     `relation` (fixed-size sampling's columns are the Poisson approximation under add/remove,
     labelled as one, never the headline).
+  rate: where the sampling rate q comes from (`RATE_GIVEN`, `RATE_FROM_POPULATION`,
+    `RATE_NONE`). Every input of the release other than the clients' data must be fixed
+    before the data is seen for an add/remove claim: a q computed from the population
+    differs between neighbours that differ in one client, so such a row claims zero-out,
+    whose neighbours share the population (and q), and whose pair of outputs is then exactly
+    the add/remove pair of the theorem at that q (the zeroed client is drawn as before and
+    contributes nothing). The epsilon is the same number.
 
   Which mechanisms of `noise` a row covers is each mechanism's declaration (its `samplers`,
   `tff_dp.mechanisms`): amplified BandMF's row covers banded strategies only.
@@ -68,18 +87,32 @@ class Claim:
   amplified: bool
   attack: str
   per_round_relation: Optional[str] = None
+  rate: str = RATE_NONE
 
   @property
   def columns_relation(self) -> str:
     """The relation the run's per-round accountant (its epsilon_* columns) uses."""
     return self.per_round_relation or self.relation
 
+  @property
+  def rate_given(self) -> bool:
+    return self.rate == RATE_GIVEN
+
+
+_POISSON_PROOF = ('Poisson-subsampled Gaussian: Mironov, Talwar & Zhang 2019 (RDP); Zhu, Dong '
+                  '& Wang 2022 (PLD), via dp_accounting PoissonSampledDpEvent')
+_ZERO_OUT_AT_Q = ('; zero-out (Kairouz et al. 2021, Definition 1.1) at q = m / N, the same q '
+                  'on both sides, whose pair of outputs is the add/remove pair at that q')
+_AMPLIFIED_BANDMF_PROOF = (
+    'amplified BandMF: Choquette-Choo et al. 2023, "(Amplified) Banded Matrix '
+    'Factorization", Theorem 4, with every client drawing its group independently (so '
+    'adding a client moves no other; jax_privacy PartitionType.INDEPENDENT)')
 
 CLAIMS = (
-    Claim('independent', 'poisson', 'add_remove',
-          'Poisson-subsampled Gaussian: Mironov, Talwar & Zhang 2019 (RDP); Zhu, Dong & Wang '
-          '2022 (PLD), via dp_accounting PoissonSampledDpEvent',
-          amplified=True, attack='test_poisson_add_remove'),
+    Claim('independent', 'poisson', 'add_remove', _POISSON_PROOF,
+          amplified=True, attack='test_poisson_add_remove', rate=RATE_GIVEN),
+    Claim('independent', 'poisson', ZERO_OUT, _POISSON_PROOF + _ZERO_OUT_AT_Q,
+          amplified=True, attack='test_poisson_zero_out', rate=RATE_FROM_POPULATION),
     Claim('independent', 'fixed_size', 'replace_one',
           'sampling without replacement: Wang, Balle & Kasiviswanathan 2019 (RDP), via '
           'dp_accounting SampledWithoutReplacementDpEvent',
@@ -94,13 +127,15 @@ CLAIMS = (
           '"Multi-Epoch Matrix Factorization Mechanisms" (sensitivity under min separation), '
           'one Gaussian mechanism over the run',
           amplified=False, attack='test_min_separation_zero_out'),
-    Claim('correlated', 'cyclic_poisson', 'add_remove',
-          'amplified BandMF: Choquette-Choo et al. 2023, "(Amplified) Banded Matrix '
-          'Factorization", Theorem 4, with every client drawing its group independently (so '
-          'adding a client moves no other; jax_privacy PartitionType.INDEPENDENT)',
-          amplified=True, attack='test_cyclic_poisson_add_remove'),
+    Claim('correlated', 'cyclic_poisson', 'add_remove', _AMPLIFIED_BANDMF_PROOF,
+          amplified=True, attack='test_cyclic_poisson_add_remove', rate=RATE_GIVEN),
+    Claim('correlated', 'cyclic_poisson', ZERO_OUT,
+          _AMPLIFIED_BANDMF_PROOF + _ZERO_OUT_AT_Q.replace('m / N', 'm x groups / N'),
+          amplified=True, attack='test_cyclic_poisson_zero_out', rate=RATE_FROM_POPULATION),
 )
-_BY_PAIR = {(c.noise, c.sampler): c for c in CLAIMS}
+# The samplers whose rate q is an input (given) or derived from the population.
+WITH_RATE = tuple(sorted({c.sampler for c in CLAIMS if c.rate != RATE_NONE}))
+_BY_ROW = {(c.noise, c.sampler, c.rate_given): c for c in CLAIMS}
 
 
 def _unproven(noise: str, sampler: str) -> str:
@@ -120,9 +155,16 @@ def _unproven(noise: str, sampler: str) -> str:
           '`client_sampling=poisson`.')
 
 
-def claim(noise: str, sampler: str) -> Claim:
-  """The claim of `noise` with `sampler`; UserInputError (one line) for an unproven pair."""
-  found = _BY_PAIR.get((noise, sampler))
+def claim(noise: str, sampler: str, probability_given: bool = False) -> Claim:
+  """The claim of `noise` with `sampler`, whose rate (Poisson kinds) was given before the data
+  was seen or derived from the population (`probability_given`); UserInputError (one line)
+  for an unproven pair."""
+  if probability_given and sampler not in WITH_RATE:
+    raise errors.UserInputError(f'{SAMPLER_NAMES.get(sampler, sampler)} sampling has no rate '
+                                'to give (`sampling_probability` is for '
+                                f'{" and ".join(SAMPLER_NAMES[s] for s in WITH_RATE)} '
+                                'sampling)')
+  found = _BY_ROW.get((noise, sampler, bool(probability_given)))
   if found is None:
     raise errors.UserInputError(_unproven(noise, sampler))
   return found
@@ -135,18 +177,25 @@ def noise_of_record(record) -> str:
   return 'correlated' if record.correlated is not None else 'independent'
 
 
+def claim_of_record(record) -> Claim:
+  """The claim of one ledger record: its noise, its sampler and where its rate came from."""
+  return claim(noise_of_record(record), record.sampling.kind,
+               record.sampling.probability_given)
+
+
 def claim_for_records(records: Sequence) -> Optional[Claim]:
-  """The claim of a ledger (its first record's noise and sampler); None for an empty one."""
-  if not records:
-    return None
-  return claim(noise_of_record(records[0]), records[0].sampling.kind)
+  """The claim of a ledger (its first record's); None for an empty one."""
+  return claim_of_record(records[0]) if records else None
 
 
 def check_relation(found: Claim, relation: str) -> None:
   """UserInputError unless `relation` is one the claim's proof (or its labelled per-round
   approximation) supports: asking for another relation would print an unproven number."""
   if relation not in (found.relation, found.columns_relation):
+    hint = (' (its rate q was derived from the population, which a neighbour with one client '
+            'more or fewer changes; a run that gives `sampling_probability` claims add/remove)'
+            if found.rate == RATE_FROM_POPULATION and relation == 'add_remove' else '')
     raise errors.UserInputError(
         f'{SAMPLER_NAMES[found.sampler]} sampling with {found.noise} noise is proven under '
-        f'{found.relation} ({RELATION_NAMES[found.relation]}) only, not {relation}; account '
-        f'it under {found.relation}.')
+        f'{found.relation} ({RELATION_NAMES[found.relation]}) only, not {relation}{hint}; '
+        f'account it under {found.relation}.')

@@ -52,8 +52,7 @@ class CorrelatedRounds(mechanism_account.MechanismAccount):
     return record.correlated is not None
 
   def compose(self, record: ledger.RoundRecord) -> None:
-    claims.check_relation(claims.claim('correlated', record.sampling.kind),
-                          self.neighboring_relation)
+    claims.check_relation(claims.claim_of_record(record), self.neighboring_relation)
     noise, r = record.correlated, record.round_num
     if self._strategy is None:
       self._strategy, self._coefs = noise, correlated.coefs_of(noise)
@@ -138,7 +137,8 @@ class CorrelatedRounds(mechanism_account.MechanismAccount):
     if z == math.inf:
       return 0.0
     acc = dp_accounting.pld.PLDAccountant(
-        neighboring_relation=events.NEIGHBORING_RELATIONS[self.neighboring_relation],
+        neighboring_relation=events.dp_accounting_relation(
+            self.neighboring_relation, sampled=self._probability is not None),
         value_discretization_interval=self.pld_discretization)
     event = (dp_accounting.GaussianDpEvent(z) if self._probability is None else
              correlated.amplified_event(self._probability, z, self._cycles))

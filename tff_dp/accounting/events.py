@@ -20,9 +20,17 @@ Neighbouring relations and sampling:
       - fixed_size records -> SampledWithoutReplacementDpEvent(N, m, .) (exact; RDP only,
         dp_accounting's PLD accountant does not support this event).
       - poisson records are rejected (dp_accounting has no Poisson analysis for replace-one).
+  * 'replace_special' (zero-out) with a rate derived from the population (`claims`): both
+    sides share the population and so q, the zeroed client is drawn as before and contributes
+    the zero vector, so the pair of outputs is exactly add/remove's at that q. dp_accounting
+    0.4.3 composes PoissonSampledDpEvent under ADD_OR_REMOVE_ONE only, so these records are
+    composed under it (`dp_accounting_relation`): the same privacy curve, not an
+    approximation.
 """
 
 import decimal
+import functools
+import importlib.metadata
 import math
 from typing import List, Optional
 
@@ -51,11 +59,41 @@ def check_relation(neighboring_relation: str) -> NeighboringRelation:
   return NEIGHBORING_RELATIONS[neighboring_relation]
 
 
+def dp_accounting_relation(neighboring_relation: str, sampled: bool) -> NeighboringRelation:
+  """The dp_accounting relation a record is composed under: a sampled (Poisson) record
+  under zero-out is composed as add/remove (the module docstring: the same pair of
+  outputs); anything else under its own."""
+  if sampled and neighboring_relation == claims.ZERO_OUT:
+    return NeighboringRelation.ADD_OR_REMOVE_ONE
+  return check_relation(neighboring_relation)
+
+
 def check_analysable(sampling_kind: str, noise: str) -> None:
   """UserInputError (one line saying what to use) for a sampling with no proof for this noise
   (`tff_dp.mechanisms.Mechanism.noise`): the claim table (`claims`) is the one list of proven
   pairs."""
   claims.claim(noise, sampling_kind)
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_dp_accounting() -> str:
+  return importlib.metadata.version('dp-accounting')
+
+
+# The dp_accounting versions whose replace-one events take the Gaussian's multiplier with the
+# sensitivity of the replacement already applied (sigma / 2S, `gaussian_noise_multipliers`).
+# Later versions apply the relation inside the accountant, where our factor 2 would count it
+# twice: replace-one is refused on them until checked again.
+REPLACE_ONE_CHECKED_VERSIONS = ('0.4.',)
+
+
+def _check_replace_one_version() -> None:
+  version = _installed_dp_accounting()
+  if not version.startswith(REPLACE_ONE_CHECKED_VERSIONS):
+    raise errors.UserInputError(
+        f'replace-one accounting was checked against dp_accounting 0.4 (the Gaussian\'s '
+        f'multiplier given as sigma / 2S); dp_accounting {version} may apply the relation '
+        'itself, which would count it twice: check `events.gaussian_noise_multipliers` first')
 
 
 def gaussian_noise_multipliers(record: ledger.RoundRecord,
@@ -64,6 +102,8 @@ def gaussian_noise_multipliers(record: ledger.RoundRecord,
 
   Queries with S_g = 0 have zero sensitivity (no privacy cost) and are omitted.
   """
+  if neighboring_relation == 'replace_one':
+    _check_replace_one_version()
   factor = 2.0 if neighboring_relation == 'replace_one' else 1.0
   multipliers = []
   for q in record.queries:
@@ -80,11 +120,12 @@ def _wrap_sampling(record: ledger.RoundRecord, neighboring_relation: str,
                    inner: dp_accounting.DpEvent) -> dp_accounting.DpEvent:
   s = record.sampling
   check_analysable(s.kind, 'independent')
-  if neighboring_relation == TREE_RELATION:
+  if neighboring_relation == TREE_RELATION and s.kind != 'poisson':
     raise errors.UserInputError(
-        f'Round {record.round_num} adds independent Gaussian noise; neighboring relation '
-        f'{TREE_RELATION} is for tree-aggregation (DP-FTRL) ledgers; use add_remove.')
-  if neighboring_relation == 'add_remove':
+        f'Round {record.round_num} adds independent Gaussian noise to a {s.kind} sample; '
+        f'neighboring relation {TREE_RELATION} is for Poisson samples whose rate was derived '
+        'from the population, tree-aggregation and correlated-noise ledgers.')
+  if neighboring_relation in ('add_remove', TREE_RELATION):
     if s.kind == 'poisson':
       q = float(s.probability)
     else:  # Documented approximation: fixed-size treated as Poisson with q = m / N.

@@ -59,7 +59,8 @@ class GaussianRounds(mechanism_account.MechanismAccount):
   def __init__(self, orders: Sequence[float], neighboring_relation: str,
                methods: Sequence[str], pld_discretization: float):
     super().__init__(orders, neighboring_relation, methods, pld_discretization)
-    self._relation = events.check_relation(neighboring_relation)
+    # Zero-out Poisson rounds compose as add/remove (`events.dp_accounting_relation`).
+    self._relation = events.dp_accounting_relation(neighboring_relation, sampled=True)
     self._rdp_cache: 'collections.OrderedDict[dp_accounting.DpEvent, np.ndarray]' = (
         collections.OrderedDict())
     self._rdp = None  # Running RDP vector (numpy), None until the first private event.

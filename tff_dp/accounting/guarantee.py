@@ -17,8 +17,10 @@ not a proven bound against everyone:
   on the exact composition (within 1e-4 relative in z).
 
 Both are functions of the ledger's records only (the same records the accountant replays).
-`headline` chooses, for a run's claim, which epsilon a statement leads with: the one home of
-that choice for the run's statement and for `tff_dp.privacy.PrivateAggregation`.
+`headline` chooses, for a run's claim, which epsilon a statement leads with; `of_records` is
+that guarantee of a ledger, the one every surface reads (statement, console, summary, the
+replay CLI, `tff_dp.privacy.PrivateAggregation`), and `predicted` the one a `max_epsilon`
+cap is checked against.
 """
 
 import collections
@@ -27,6 +29,7 @@ from typing import Dict, Mapping, Optional, Sequence
 
 import dp_accounting
 
+from tff_dp import errors
 from tff_dp import ledger
 from tff_dp import noise_budget
 from tff_dp.accounting import accountant
@@ -99,6 +102,17 @@ def fixed_size_proven(records: Sequence[ledger.RoundRecord], delta: float) -> fl
   return float(acc.get_epsilon(delta))
 
 
+# What a headline's epsilon is (`Headline.basis`), as the statement and the replay CLI label it.
+BASIS_TEXT = {
+    'accountant': 'the accountant\'s epsilon of the recorded rounds',
+    'amplified': 'the accountant\'s epsilon, amplified by secret sampling',
+    'fixed_size_proven': 'the proven bound of fixed-size sampling (without replacement, '
+                         'replace-one, RDP), not the Poisson approximation',
+    'without_amplification': 'against anyone who holds the sampling seed (no amplification '
+                             'by sampling)',
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Headline:
   """The epsilon a privacy statement leads with and the relation it holds under, with the
@@ -110,11 +124,18 @@ class Headline:
     approximation, not a proven bound), which the proven replace-one bound replaces.
   if_seed_secret: a seeded amplified run's amplified epsilons, which hold only while the seed
     stays secret; the headline is then `without_amplification`.
+  basis: what the epsilon is (a `BASIS_TEXT` key).
   """
   epsilon: Mapping[str, Optional[float]]
   relation: str
   poisson_approximation: Optional[Mapping[str, Optional[float]]] = None
   if_seed_secret: Optional[Mapping[str, Optional[float]]] = None
+  basis: str = 'accountant'
+
+  @property
+  def label(self) -> str:
+    """What the headline's epsilon is, in words."""
+    return BASIS_TEXT[self.basis]
 
 
 def headline(records: Sequence[ledger.RoundRecord], epsilons: Mapping[str, Optional[float]],
@@ -123,12 +144,53 @@ def headline(records: Sequence[ledger.RoundRecord], epsilons: Mapping[str, Optio
   """The headline of a run whose accountant gave `epsilons` (under `found.columns_relation`)
   for `records`: the proven fixed-size bound replaces the Poisson approximation, and against
   a seed holder an amplified claim's epsilon gives way to the one without amplification."""
-  result = Headline(dict(epsilons), found.relation)
+  result = Headline(dict(epsilons), found.relation,
+                    basis='amplified' if found.amplified else 'accountant')
   if found.sampler == 'fixed_size':
     result = Headline({'rdp': fixed_size_proven(records, delta)}, found.relation,
-                      poisson_approximation=dict(epsilons))
+                      poisson_approximation=dict(epsilons), basis='fixed_size_proven')
   if seeded and found.amplified:
     result = dataclasses.replace(
         result, epsilon=without_amplification(records, delta, methods, found.relation),
-        if_seed_secret=dict(result.epsilon))
+        if_seed_secret=dict(result.epsilon), basis='without_amplification')
   return result
+
+
+def of_records(records: Sequence[ledger.RoundRecord], delta: float,
+               methods: Sequence[str] = accountant.METHODS,
+               epsilons: Optional[Mapping[str, Optional[float]]] = None,
+               found: Optional[claims.Claim] = None, **accountant_kwargs) -> Headline:
+  """The guarantee of a ledger's records: the one function every surface reads (the run's
+  statement, console and summary, the `max_epsilon` cap through `predicted`, the ledger
+  replay CLI and `tff_dp.privacy.PrivateAggregation`), so none can state another figure.
+
+  The claim (relation, amplification) and whether the sample was seeded are read from the
+  records themselves. `epsilons`: the per-round accountant's final epsilons of these records
+  (under the claim's `columns_relation`) when the caller already composed them; else composed
+  here (`accountant_kwargs` go to `LedgerAccountant`). `found`: the claim of a ledger with no
+  record yet (epsilon 0).
+  """
+  found = claims.claim_for_records(records) or found
+  if found is None:
+    raise errors.UserInputError('a guarantee of no round needs the claim it would be under')
+  if epsilons is None:
+    acc = accountant.LedgerAccountant(delta, methods, found.columns_relation,
+                                      **accountant_kwargs)
+    for record in records:
+      acc.add(record)
+    epsilons = acc.epsilon(final=True)
+  seeded = bool(records) and records[0].sampling.seeded
+  return headline(records, epsilons, delta, methods, found, seeded)
+
+
+def predicted(records: Sequence[ledger.RoundRecord], record: ledger.RoundRecord,
+              acc: accountant.LedgerAccountant) -> float:
+  """The headline epsilon if `record` were recorded after `records` (which `acc` has
+  composed): what a `max_epsilon` cap is checked against before the round runs, so a run
+  stops before its headline (not its per-round columns) would pass the cap. RDP when `acc`
+  computes it (PLD otherwise), as `LedgerAccountant.peek_epsilon`."""
+  method = 'rdp' if 'rdp' in acc.methods else 'pld'
+  found = claims.claim_of_record(record)
+  head = headline([*records, record], {method: acc.peek_epsilon(record)}, acc.delta,
+                  (method,), found, record.sampling.seeded)
+  return float(next(iter(head.epsilon.values())))

@@ -62,14 +62,17 @@ class NoiseCohort:
                           round_num: int) -> ledger.SamplingEvent:
     """The production sampling event of round `round_num`, the kind of the run's `event`."""
     n, m = self.population, self.cohort_size
+    # The production run's rate is derived from its population as the run's was, or given
+    # (fixed before its data) as the run's was: the same claim.
+    given = event.probability_given
     if event.kind == 'poisson':
-      return ledger.SamplingEvent('poisson', n, probability=m / n)
+      return ledger.SamplingEvent('poisson', n, probability=m / n, probability_given=given)
     if event.kind == 'fixed_size':
       return ledger.SamplingEvent('fixed_size', n, sample_size=m)
     if event.kind == 'cyclic_poisson':   # Its q checked at construction (`groups`).
       q = sampling.cyclic_poisson_probability(n, m, event.groups)
       return ledger.SamplingEvent('cyclic_poisson', n, probability=q, epoch=event.epoch,
-                                  groups=event.groups)
+                                  groups=event.groups, probability_given=given)
     return ledger.SamplingEvent(event.kind, n, sample_size=m,
                                 epoch=(round_num - 1) // self.rounds_per_epoch + 1)
 

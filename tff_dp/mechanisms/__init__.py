@@ -97,11 +97,13 @@ def with_noise(noise: str) -> list[str]:
   return [name for name, m in MECHANISMS.items() if m.noise == noise]
 
 
-def claim(name: str, sampler: str) -> claims.Claim:
-  """The claim of mechanism `name` run with `sampler`: its noise's row of the claim table,
-  when the mechanism lists the sampler; UserInputError (one line) otherwise."""
+def claim(name: str, sampler: str, probability_given: bool = False) -> claims.Claim:
+  """The claim of mechanism `name` run with `sampler` (whose rate was given, or derived from
+  the population: `claims.claim`): its noise's row of the claim table, when the mechanism
+  lists the sampler; UserInputError (one line) otherwise."""
   mechanism = get(name)
-  found = claims.claim(mechanism.noise, sampler)   # An unproven pair is refused here.
+  # An unproven pair is refused here.
+  found = claims.claim(mechanism.noise, sampler, probability_given)
   if sampler not in mechanism.samplers:
     covered = [n for n in with_noise(mechanism.noise) if sampler in MECHANISMS[n].samplers]
     proven = f'has a proof for {choices.one_of(covered)} only' if covered else 'has no proof'

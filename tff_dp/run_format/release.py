@@ -83,8 +83,11 @@ OUTPUTS = (
     Output(f'{SECRET_DIR}/sampling_key', 'the permutation samplers\' key (every epoch\'s '
            'order, or cyclic Poisson\'s groups)', SECRET),
     Output(f'{SECRET_DIR}/canary_key', 'the key of the canary directions', SECRET),
-    Output(f'{SECRET_DIR}/ledger_key', 'the key of ledger.jsonl\'s MACs (a forged line is '
-           'refused when it is given)', SECRET),
+    Output(f'{SECRET_DIR}/ledger_key', 'the key of ledger.jsonl\'s chained MACs (a forged, '
+           'moved or spliced line is refused when it is given)', SECRET),
+    Output(f'{SECRET_DIR}/ledger_seal', 'the count of ledger.jsonl\'s lines and its chain\'s '
+           'head, under the ledger key (a ledger cut short is refused when it is given)',
+           SECRET),
     Output(f'{SECRET_DIR}/population_digest', 'SHA-256 of the sampled population\'s client '
            'ids (a resume on another population is refused)', SECRET),
     Output(f'{SECRET_DIR}/holdout_key', 'the key choosing the held-out evaluation clients',

@@ -18,6 +18,7 @@ from typing import Mapping, Optional
 from tff_dp import adaptive_clipping
 from tff_dp import choices
 from tff_dp import mechanisms
+from tff_dp import sampling
 from tff_dp import sections
 from tff_dp.errors import UserInputError
 from tff_dp.execution import worker_addresses
@@ -70,6 +71,22 @@ class SamplingConfig(Section):
       'amplification by sampling assumes. When set, the privacy statement says the samples '
       'are known to whoever holds the seed.',
       check=(lambda v: 0 <= v < 2**63, 'must be in [0, 2^63) when set'))
+  sampling_probability: Optional[float] = setting(
+      None, 'poisson and cyclic_poisson: the rate q at which each client (of its group) is '
+      'included, fixed before the data is seen and used whatever the population size, so '
+      'the privacy claim is add/remove-one; `clients_per_round` stays the mean\'s '
+      'denominator. Unset: q is derived from the population (clients_per_round / N, times '
+      '`bands` for cyclic_poisson), and the claim is zero-out, whose neighbours share the '
+      'population (the same epsilon).',
+      check=(lambda v: 0 < v <= 1, 'must be in (0, 1] when set'))
+
+  def _check(self):
+    if (self.sampling_probability is not None
+        and self.client_sampling not in sampling.WITH_PROBABILITY):
+      raise UserInputError(
+          f'`sampling_probability` is the rate of {choices.one_of(sampling.WITH_PROBABILITY)} '
+          f'sampling; `client_sampling={self.client_sampling}` draws `clients_per_round` '
+          'clients a round')
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -202,8 +202,9 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
   parts = components.LoopComponents(
       process=process, run_dir=run_dir, sampler=privacy.sampler,
       client_dataset_fn=build_process.client_dataset_fn(task),
-      privacy=build_privacy.recorder(privacy, run_dir.file('ledger.jsonl'), planned, resume,
-                                     log),
+      privacy=build_privacy.recorder(
+          privacy, run_dir.file('ledger.jsonl'), planned, resume, log,
+          seal_path=run_dir.secret_file(build_privacy.LEDGER_SEAL_FILE)),
       hooks=hooks, evaluator=evaluator, log=log,
       clip_group_labels=_clip_group_labels(privacy.dp_factory, evaluator),
       check_client_fn=lambda ds: client_data.check_client_dataset(ds, max_index),

@@ -16,6 +16,7 @@ from tff_dp import choices
 from tff_dp import ledger as ledger_lib
 from tff_dp import mechanisms
 from tff_dp import sampling
+from tff_dp.accounting import guarantee
 from tff_dp.aggregators import noise_feed
 from tff_dp.aggregators import privacy_queries as privacy_queries_lib
 from tff_dp.errors import UserInputError
@@ -29,6 +30,8 @@ SAMPLING_KEY_FILE = 'sampling_key'
 POPULATION_FILE = 'population_digest'
 # The key of the ledger's MACs (`ledger.new_mac_key`), kept in secret/.
 LEDGER_KEY_FILE = 'ledger_key'
+# The ledger's seal (`ledger.write_seal`: its count and chain head, under the key), in secret/.
+LEDGER_SEAL_FILE = ledger_lib.SEAL_FILE
 
 
 @dataclasses.dataclass
@@ -136,7 +139,7 @@ def _sampler(cfg: config_lib.SamplingConfig, client_ids, key_path: str, resume: 
                            'epochs cannot be continued (clients could participate twice)')
   return sampling.build_sampler(
       cfg.client_sampling, client_ids, cfg.clients_per_round, seed=cfg.sampling_seed, key=key,
-      groups=groups)
+      groups=groups, probability=cfg.sampling_probability)
 
 
 def _check_population(population: list, digest_path: str, resume: bool,
@@ -214,7 +217,8 @@ def build(sampling_cfg: config_lib.SamplingConfig, dp: config_lib.DPConfig,
       else accounting.suggested_delta(len(population)), len(population))
   relation = None
   if mechanism is not None:
-    relation = mechanisms.claim(dp.kind, sampling_cfg.client_sampling).columns_relation
+    relation = mechanisms.claim(dp.kind, sampling_cfg.client_sampling,
+                                sampling_cfg.sampling_probability is not None).columns_relation
   accountant = _accountant(accounting_cfg, delta, relation) if relation else None
   dp_factory = build_aggregator(dp, sampling_cfg.clients_per_round,
                                 sampler.rounds_per_epoch, total_rounds,
@@ -288,9 +292,9 @@ def planned_queries(privacy: Privacy, process, max_epsilon: Optional[float],
     return ()
   planned = first_round_queries(process)
   if not resume:
-    first = privacy.accountant.peek_epsilon(ledger_lib.RoundRecord(
+    first = guarantee.predicted([], ledger_lib.RoundRecord(
         1, privacy.sampler.sampling_event(1), planned, 1 if privacy.tree else None,
-        privacy.correlated))
+        privacy.correlated), privacy.accountant)
     if first > max_epsilon:
       raise UserInputError(
           f'`max_epsilon={max_epsilon:g}`: the first round alone would reach epsilon '
@@ -299,14 +303,17 @@ def planned_queries(privacy: Privacy, process, max_epsilon: Optional[float],
   return planned
 
 
-def recorder(privacy: Privacy, ledger_path: str, planned: tuple, resume: bool, log):
+def recorder(privacy: Privacy, ledger_path: str, planned: tuple, resume: bool, log,
+             seal_path: Optional[str] = None):
   """The loop's privacy recorder, with the ledger opened at `ledger_path` (the run directory
-  exists); `NO_DP` without DP. On resume, a partial last line is a record whose round released
-  nothing (outputs are released only after the append completes): it is moved aside, never
-  silently dropped."""
+  exists), sealed at `seal_path` when the ledger is MAC'd; `NO_DP` without DP. On resume, a
+  partial last line is a record whose round released nothing (outputs are released only after
+  the append completes): it is moved aside, never silently dropped."""
   if privacy.accountant is None:
     return privacy_recorder.NO_DP
-  ledger = ledger_lib.PrivacyLedger(ledger_path, repair=resume, mac_key=privacy.ledger_key)
+  ledger = ledger_lib.PrivacyLedger(
+      ledger_path, repair=resume, mac_key=privacy.ledger_key,
+      seal_path=seal_path if privacy.ledger_key is not None else None)
   if ledger.repaired_to:
     log(f'ledger: partial last line from a crash moved to {ledger.repaired_to}')
   return privacy_recorder.PrivacyRecorder(

@@ -3,7 +3,9 @@ epsilon a proof supports as its headline, and what it covers, derived from the o
 classification of outputs (`tff_dp.run_format.release`).
 
 Headlines:
-  * Poisson sampling: the accountant's epsilon (exact under add/remove-one).
+  * Poisson sampling: the accountant's epsilon (exact), under add/remove-one when the rate q
+    was given before the data was seen, under zero-out when it was derived from the
+    population (the claim table's `rate`).
   * fixed_size sampling: the proven without-replacement bound under replace-one
     (`accounting.guarantee.fixed_size_proven`); the Poisson approximation under add/remove
     (what the epsilon_* columns hold) is shown on the same line, labelled as one.
@@ -21,6 +23,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from tff_dp import measurements
 from tff_dp import mechanisms
+from tff_dp.accounting import claims
 from tff_dp.accounting import guarantee as guarantee_lib
 from tff_dp.run_format import columns
 from tff_dp.run_format import release
@@ -96,7 +99,7 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
     return {'differential_privacy': False,
             'guarantee': 'none: the run trained without differential privacy',
             'rounds': rounds_completed}
-  claim = mechanisms.claim(dp, sampling_event.kind)
+  claim = mechanisms.claim(dp, sampling_event.kind, sampling_event.probability_given)
   seeded = sampling_event.seeded and claim.amplified
   if headline is None:
     headline = guarantee_lib.Headline(dict(epsilons), claim.relation)
@@ -215,6 +218,14 @@ def _sampling(event) -> dict[str, Any]:
         'proven: sampling without replacement under replace-one (RDP); the epsilon_* columns '
         'use Poisson subsampling with q = sample_size / population under add/remove (the '
         'usual DP-FedAvg approximation, not a proven bound)')
+  if event.kind in claims.WITH_RATE:
+    sampling['rate'] = (
+        'given (sampling_probability): fixed before the data was seen, the same whatever the '
+        'population, so a neighbour with one client more or fewer runs with the same q'
+        if event.probability_given else
+        'derived from the population (clients_per_round / N): a neighbour with one client '
+        'more or fewer would run with another q, so the claim is zero-out, whose neighbours '
+        'share the population; give sampling_probability for add/remove-one')
   if event.seeded:
     sampling['note'] = ('a sampling seed was given: whoever holds it knows every round\'s '
                         'sample, and the amplification by sampling does not hold against them')
@@ -281,6 +292,9 @@ def format_statement(s: Mapping[str, Any]) -> str:
   sampling = s['sampling']
   rate = (f'q = {sampling["probability"]:.4g}' if 'probability' in sampling
           else f'm = {sampling["sample_size"]}')
+  if 'rate' in sampling:
+    rate += (' (given)' if sampling['rate'].startswith('given')
+             else ' (derived from N: zero-out)')
   lines = [f'privacy: {s["guarantee"]}, after {s["rounds"]} rounds',
            f'  sampling: {sampling["kind"]}, {rate} of {sampling["population"]} clients, '
            + ('secret (OS randomness)' if sampling['secret'] else

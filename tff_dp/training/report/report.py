@@ -5,7 +5,6 @@ import dataclasses
 from typing import Any, Mapping
 
 from tff_dp import checkpoint_aggregation
-from tff_dp import ledger as ledger_lib
 from tff_dp import mechanisms
 from tff_dp.accounting import guarantee
 from tff_dp.run_format import columns
@@ -89,9 +88,10 @@ def _privacy_statement(config: components.LoopConfig, c: components.LoopComponen
     epsilons = {m: accountant.epsilon_rdp() if m == 'rdp' else accountant.epsilon_pld()
                 for m in accountant.methods}
     extra['neighboring_relation'] = accountant.neighboring_relation
-    extra['headline'] = guarantee.headline(
-        ledger_lib.read_ledger(c.privacy.ledger.path), epsilons, config.delta,
-        accountant.methods, mechanisms.claim(config.dp, event.kind), event.seeded)
+    extra['headline'] = guarantee.of_records(
+        c.privacy.records, config.delta, accountant.methods,
+        epsilons=epsilons,
+        found=mechanisms.claim(config.dp, event.kind, event.probability_given))
   rows = c.run_dir.metrics.read_rows()
   # What the run directory will hold once the report is written.
   files = release.run_files(c.run_dir.path) + ['summary.json']

@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any, Optional, Sequence
 
 from tff_dp import ledger as ledger_lib
+from tff_dp.accounting import guarantee
 from tff_dp.accounting import noise_cohort
 from tff_dp.aggregators import privacy_queries as privacy_queries_lib
 from tff_dp.training.run_state import resume
@@ -70,11 +71,14 @@ class PrivacyRecorder:
   correlated: Optional[ledger_lib.CorrelatedNoise] = None
   last_record: Optional[ledger_lib.RoundRecord] = None   # Of the last executed round.
   projection: Optional[Projection] = None   # A noise cohort's projected production run.
+  # Every record the accountant composed, in ledger order (what the headline is of).
+  records: list = dataclasses.field(default_factory=list)
 
   def resume(self, run_dir, checkpoint_round: int, log) -> None:
     """Reconciles the ledger with what was released (`resume.reconcile_ledger`) and replays
     the records that stay counted into the accountant."""
     self.ledger, records = resume.reconcile_ledger(self.ledger, run_dir, checkpoint_round, log)
+    self.records = list(records)
     for record in records:
       self.accountant.add(record)
       if self.projection is not None:
@@ -94,6 +98,7 @@ class PrivacyRecorder:
     with run_dir_lib.writing(f'the ledger record of round {round_num}', self.ledger.path):
       self.ledger.append(self.last_record)
     self.accountant.add(self.last_record)
+    self.records.append(self.last_record)
     if self.projection is not None:
       self.projection.add(self.last_record)
 
@@ -108,9 +113,11 @@ class PrivacyRecorder:
     return columns
 
   def predicted_epsilon(self, round_num: int) -> Optional[float]:
-    """Epsilon after `round_num` if its mechanism matches the last executed (or planned) one:
-    the planned tuples of round 1 are exact; later, the last round's tuples with less noise
-    (`next_round_bound`), since the next clip's float32 tuple can differ in its last bits."""
+    """The headline epsilon (`guarantee.predicted`: the proven fixed-size bound, the epsilon
+    against a seed holder, ...) after `round_num` if its mechanism matches the last executed
+    (or planned) one: the planned tuples of round 1 are exact; later, the last round's tuples
+    with less noise (`next_round_bound`), since the next clip's float32 tuple can differ in
+    its last bits."""
     last = self.last_record
     queries = (next_round_bound(last.queries) if last is not None
                else tuple(self.planned_queries))
@@ -126,7 +133,7 @@ class PrivacyRecorder:
       leaf = self.planned_tree_leaf
     record = ledger_lib.RoundRecord(round_num, sampling_event, tuple(queries), leaf,
                                     self.correlated)
-    return self.accountant.peek_epsilon(record)
+    return guarantee.predicted(self.records, record, self.accountant)
 
 
 class _NoDP:

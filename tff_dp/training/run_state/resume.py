@@ -50,7 +50,7 @@ def reconcile_ledger(ledger: ledger_lib.PrivacyLedger, run_dir, checkpoint_round
   again: accounting is conservative, never optimistic. `ledger` is closed and reopened when
   records were moved.
   """
-  records = ledger_lib.read_ledger(ledger.path)
+  records = ledger_lib.read_ledger(ledger.path, ledger.mac_key, ledger.seal_path)
   released_rounds = {int(r['round']) for r in run_dir.metrics.read_rows()}
   superseded = metrics_csv.MetricsCsv(run_dir.file(SUPERSEDED_METRICS))
   released_rounds |= {int(r['round']) for r in superseded.read_rows()}
@@ -58,11 +58,13 @@ def reconcile_ledger(ledger: ledger_lib.PrivacyLedger, run_dir, checkpoint_round
                 if r.round_num > checkpoint_round and r.round_num not in released_rounds]
   if unreleased:
     ledger.close()
-    ledger_lib.move_records(ledger.path, unreleased, run_dir.file(UNRELEASED_LEDGER))
-    ledger = ledger_lib.PrivacyLedger(ledger.path)
+    ledger_lib.move_records(ledger.path, unreleased, run_dir.file(UNRELEASED_LEDGER),
+                            ledger.mac_key, ledger.seal_path)
+    ledger = ledger_lib.PrivacyLedger(ledger.path, mac_key=ledger.mac_key,
+                                      seal_path=ledger.seal_path)
     log(f'ledger: {len(unreleased)} record(s) of rounds that released no output moved to '
         f'{UNRELEASED_LEDGER}; those rounds are re-executed')
-    records = ledger_lib.read_ledger(ledger.path)
+    records = ledger_lib.read_ledger(ledger.path, ledger.mac_key, ledger.seal_path)
   if any(r.round_num > checkpoint_round for r in records):
     log('ledger: rounds after the checkpoint released metrics before the run ended without '
         'checkpointing them (a crash or a kill); they stay counted and their re-execution is '
