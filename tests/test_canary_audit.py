@@ -178,6 +178,19 @@ def test_scores_are_kept_per_round_and_a_resume_drops_the_rounds_after_its_check
     assert np.array_equal(read[r].all_iterates, written[r].all_iterates)
   scores.keep_through(path, 4)
   assert list(scores.read(path)) == [2, 4]
+  # Issue 51, item 4: a file that is not whole is refused, never read as partial data.
+  whole = open(path).read()
+  for cut, message in ((whole[:len(whole) // 2], 'not whole'),
+                       (whole.splitlines(keepends=True)[0], 'holds no scores'),
+                       (''.join(whole.splitlines(keepends=True)[:-1]), 'not whole')):
+    with open(path, 'w') as f:
+      f.write(cut)
+    with pytest.raises(ValueError, match=message):
+      scores.read(path)
+  with open(path, 'w') as f:
+    f.write(whole)
+  with pytest.raises(ValueError, match='not whole'):
+    scores.read(path, canaries=4)
 
 
 def test_every_audit_column_is_declared_and_covered():

@@ -39,6 +39,7 @@ def _tree_digest(path):
 def existing_run(tmp_path):
   run = tmp_path / 'runs' / 'exp'
   (run / 'checkpoints').mkdir(parents=True)
+  (run / 'config.json').write_text('{}')   # A run directory (one that recorded no setting).
   (run / 'metrics.csv').write_text('round,train_loss\n1,2.0\n')
   (run / 'ledger.jsonl').write_text('{"precious": true}\n')
   (run / 'checkpoints' / 'round_1').write_text('state')

@@ -99,6 +99,8 @@ def test_the_settings_a_resume_may_change_are_the_same_as_before():
     (dict(dp='none', client_sampling='fixed_size', sampling_probability=0.1),
      '`sampling_probability` is the rate of poisson or cyclic_poisson sampling'),
     (dict(dp='none', sampling_probability=0.0), '`sampling_probability` must be in (0, 1]'),
+    (dict(dp='none', eval_holdout_clients=10), 'give `eval_data=holdout` or drop it'),
+    (dict(dp='none', root_output_dir=''), '`root_output_dir` must name a directory'),
     (dict(dp='fixed', clip=1.0, noise_multiplier=1.0, weighting='num_examples'),
      'requires uniform client weighting'),
     (dict(dp='none', train_on_aggregate='ema'), '`train_on_aggregate=ema` needs `ema_beta`'),
@@ -193,3 +195,10 @@ def test_the_flag_reference_is_current():
   from run_helpers import REPO   # pylint: disable=g-import-not-at-top
   with open(os.path.join(REPO, 'docs', 'FLAGS.md')) as f:
     assert f.read() == config_flags.markdown_reference()
+
+
+def test_run_names_a_config_of_the_wrong_type():
+  """Issue 51, item 5: `tff_dp.run('not a config')` raised AttributeError."""
+  import tff_dp   # pylint: disable=g-import-not-at-top
+  with pytest.raises(UserInputError, match='`run` takes an ExperimentConfig, got str'):
+    tff_dp.run('not a config')

@@ -204,7 +204,7 @@ def test_the_noise_in_the_final_prefix_sum_matches_its_theory():
 
 def test_the_calibration_cli_prints_the_strategy_and_refuses_sampling(capsys):
   from tff_dp.accounting import __main__ as cli
-  args = ['prog', '--target_epsilon=8.9', '--rounds=60', '--min_separation=10',
+  args = ['prog', '--target_epsilon=8.9', '--rounds=40', '--min_separation=10',
           '--max_participations=4', '--delta=1e-10']
   assert cli.main(args + ['--mechanism=blt']) == 0
   out = capsys.readouterr().out

@@ -156,7 +156,8 @@ def test_a_mechanism_defined_here_runs_is_accounted_and_stated(toy_mechanism, ta
       m / population, dp_accounting.GaussianDpEvent(2 * z)), 2))
   statement = json.loads((run_dir / 'summary.json').read_text())['privacy']
   assert statement['epsilon']['rdp'] == pytest.approx(accountant.get_epsilon(delta), rel=1e-6)
-  assert statement['neighboring_relation'] == 'add_remove'
+  # q = m / N, derived from the population: the zero-out row (the same epsilon).
+  assert statement['neighboring_relation'] == 'replace_special'
   assert statement['proof'] == claims.claim('independent', 'poisson').proof
   # Its columns' classes are what its factory (the library's reporting base) declares.
   stated = statement['aggregator_measurements']

@@ -173,7 +173,7 @@ def test_private_release_writes_and_prints_no_diagnostic(task, tmp_path):
   # No diagnostic column or console line; the run directory's .lock (a pid) is the operator's.
   assert statement['private_release']
   assert [d.split(':')[0] for d in statement['non_private_diagnostics']] == ['.lock']
-  assert statement['neighboring_relation'] == 'add_remove'
+  assert statement['neighboring_relation'] == 'replace_special'   # q = m / N: zero-out.
   assert statement['delta'] == 1e-3
   assert statement['epsilon']['rdp'] == pytest.approx(float(metrics_rows(run_dir)[-1]
                                                             ['epsilon_rdp']))

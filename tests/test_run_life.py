@@ -70,6 +70,16 @@ def test_resume_of_a_missing_run_names_the_missing_directory(tmp_path):
       '--plan_noise_multipliers=1'], 'give one of them'),
     (['--plan', '--rounds=10', '--population=100', '--clients_per_round=10',
       '--plan_noise_multipliers=1,1'], 'lists each value once'),
+    # Issue 51, item 4: accepted before, each now refused.
+    (['--target_epsilon=8.9', '--mechanism=blt', '--rounds=2000', '--min_separation=313',
+      '--max_participations=2'], 'allow 7 participations'),
+    (['--plan', '--rounds=1000000000', '--population=100', '--clients_per_round=10',
+      '--plan_noise_multipliers=1'], 'at most 100,000 rounds'),
+    (['--plan', '--target_epsilon=-2', '--rounds=10', '--population=100',
+      '--clients_per_round=10', '--plan_noise_multipliers=1'], 'must be a positive number'),
+    (['--plan', '--rounds=10', '--population=100', '--clients_per_round=10',
+      '--plan_noise_multipliers='], 'must list at least one value'),
+    ([], 'give a mode: --ledger'),
 ])
 def test_the_accounting_cli_refuses_bad_values_in_one_line(args, message, capsys):
   from tff_dp.accounting import __main__ as cli  # pylint: disable=g-import-not-at-top
@@ -216,6 +226,44 @@ def test_refusals_of_data_output_and_resume_come_before_tensorflow(tag_task, tag
     held.close()
   assert out.returncode == 2 and 'is in use by' in out.stderr, out.stderr
   assert out.stderr.strip().splitlines()[-1] == 'no tensorflow'
+  assert _listing(tmp_path) == before
+
+
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
+def test_a_resume_whose_state_is_missing_is_refused_before_tensorflow(tag_task, tag_data_dir,
+                                                                     tmp_path):
+  """Issue 51, item 1: a resume never silently weakens a run or re-charges its rounds. Each
+  damaged copy of a finished run: exit 2, one `error:` line naming what is missing, TensorFlow
+  never imported, nothing written."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from run_helpers import REPO, script_env  # pylint: disable=g-import-not-at-top
+  settings = dict(DEMO, root_output_dir=str(tmp_path / 'runs'), total_rounds=2,
+                  uncertainty_last_k=0, data_dir=tag_data_dir, so_vocab_size=200,
+                  so_tag_vocab_size=30, client_batch_size=8)
+  run_stopped_after(settings, tag_task, 'made')
+  made = tmp_path / 'runs' / 'made'
+  damages = {
+      'no_secret': (lambda d: shutil.rmtree(d / 'secret'), 'lacks secret/ledger_key'),
+      'no_seal': (lambda d: (d / 'secret' / 'ledger_seal').unlink(), 'secret/ledger_seal'),
+      'no_checkpoints': (lambda d: shutil.rmtree(d / 'checkpoints'),
+                         'rounds 1-2 would be executed and charged again'),
+      'empty_ledger': (lambda d: (d / 'ledger.jsonl').write_text(''),
+                       'ledger.jsonl is empty but the run released rounds'),
+      'not_a_run': (lambda d: (d / 'config.json').unlink(), 'is not a run directory'),
+  }
+  for name, (damage, _) in damages.items():
+    shutil.copytree(made, tmp_path / 'runs' / name)
+    damage(tmp_path / 'runs' / name)
+  before = _listing(tmp_path)
+  for name, (_, message) in damages.items():
+    out = subprocess.run([sys.executable, '-c', _WITHOUT_TF, '--resume', '--total_rounds=3',
+                          f'--root_output_dir={tmp_path / "runs"}', f'--experiment_name={name}'],
+                         cwd=REPO, env=script_env(), capture_output=True, text=True, timeout=60)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and lines[-1] == 'no tensorflow', (name, out.stderr)
+    assert lines[0].startswith('error: ') and message in lines[0], (name, lines[0])
   assert _listing(tmp_path) == before
 
 

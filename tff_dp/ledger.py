@@ -522,7 +522,7 @@ def _bare(mac: str) -> str:
 
 
 # The seal (`write_seal`): what a MAC'd ledger's count and chain head are checked against; a
-# run keeps it under this name in its secret/, beside the key.
+# run keeps it under this name in its secret/, beside the key (`tff_dp.run_format`).
 SEAL_FILE = 'ledger_seal'
 
 def _seal_mac(key: bytes, count: int, head: str) -> str:

@@ -2,11 +2,9 @@ r"""CLI: epsilon curve of a ledger, or noise calibration.
 
   python -m tff_dp.accounting --ledger RUN_DIR/ledger.jsonl \
       --ledger_key RUN_DIR/secret/ledger_key --delta 1e-6 [--method both]
-      prints the run's headline (`# headline: ...`, the guarantee its statement gives: the
-      proven fixed-size bound, the epsilon against a seed holder, or the accountant's), then
-      CSV `round,epsilon_rdp,epsilon_pld` (one row per ledger record; PLD on every
-      --pld_every-th row and the last, empty elsewhere). Without --ledger_key a MAC'd ledger
-      is read unverified and labelled so, on stdout and stderr.
+      prints the run's headline (`# headline: ...`, as its statement), then CSV
+      `round,epsilon_rdp,epsilon_pld` (PLD every --pld_every-th row and the last). Without
+      --ledger_key a MAC'd ledger is read unverified, labelled so on stdout and stderr.
   python -m tff_dp.accounting --repair RUN_DIR/ledger.jsonl
       moves a partial last line (a crash mid-write) to ledger.jsonl.corrupt-TIME, so the
       ledger can be replayed; `--resume` does the same by itself.
@@ -18,7 +16,7 @@ r"""CLI: epsilon curve of a ledger, or noise calibration.
       calibrates the per-node multiplier of tree aggregation (DP-FTRL, shuffled participation,
       replace-special neighbouring; RDP only).
   python -m tff_dp.accounting --target_epsilon 8.9 --mechanism=blt --rounds 2000 \
-      --min_separation 313 --max_participations 6 --delta 1e-10
+      --min_separation 313 --max_participations 7 --delta 1e-10
       calibrates correlated-noise DP-FTRL (blt or bandmf) under min-separation participation
       (the run is one Gaussian mechanism) and prints the strategy: buf_decay=[...] and
       output_scale=[...] for BLT, bands for BandMF, its sensitivity and loss.
@@ -129,6 +127,11 @@ for _name in ('min_separation', 'max_participations', 'bands', 'pld_every', 'rou
 for _name in ('plan_noise_multipliers', 'plan_cohorts', 'plan_mechanisms'):
   flags.register_validator(_name, lambda v: v is None or len(set(v)) == len(v),
                            'lists each value once', flag_values=FLAGS)
+  flags.register_validator(_name, lambda v: v is None or (v and all(v)),
+                           'must list at least one value', flag_values=FLAGS)
+flags.register_validator('target_epsilon', lambda v: v is None or 0 < v < math.inf,
+                         'must be a positive number', flag_values=FLAGS)
+MAX_PLAN_ROUNDS = 100_000   # The planner's cost grows with the rounds (1e9 took 2.7 GB in 2 min).
 
 
 def _existing(path: str) -> str:
@@ -217,6 +220,12 @@ def _calibrate_correlated() -> None:
       raise errors.UserInputError(
           f'--mechanism={FLAGS.mechanism} is calibrated for min-separation participation '
           f'without amplification: drop --{name}.')
+  least = math.ceil(FLAGS.rounds / FLAGS.min_separation)
+  if FLAGS.max_participations < least:   # The schedule allows that many: a weaker claim.
+    raise errors.UserInputError(
+        f'--max_participations={FLAGS.max_participations}: {FLAGS.rounds} rounds at least '
+        f'{FLAGS.min_separation} apart allow {least} participations of a client; give '
+        f'--max_participations >= {least}.')
   if FLAGS.population is not None:
     correlated.delta_lib.check_delta(FLAGS.delta, FLAGS.population)
   method = 'rdp' if FLAGS.method == 'both' else FLAGS.method
@@ -246,6 +255,9 @@ def _plan() -> None:
   for name in ('rounds', 'population', 'plan_noise_multipliers'):
     if FLAGS[name].value is None:
       raise errors.UserInputError(f'--plan needs --{name}.')
+  if FLAGS.rounds > MAX_PLAN_ROUNDS:
+    raise errors.UserInputError(f'--rounds={FLAGS.rounds}: the planner draws at most '
+                                f'{MAX_PLAN_ROUNDS:,} rounds.')
   cohorts = _numbers('plan_cohorts', int) or (
       [FLAGS.clients_per_round] if FLAGS.clients_per_round is not None else [])
   if not cohorts:
@@ -306,6 +318,10 @@ def main(argv) -> int:
       print(f'moved the partial last line to {moved}' if moved else
             f'{FLAGS.repair} ends with a complete line: nothing to repair')
       return 0
+    if FLAGS.ledger is None and FLAGS.target_epsilon is None and not FLAGS.plan:
+      raise errors.UserInputError('give a mode: --ledger (replay a run\'s ledger), '
+                                  '--target_epsilon (calibrate the noise), --plan (the privacy '
+                                  'planner), or --repair (a ledger\'s partial last line).')
     if FLAGS.delta is None:
       raise errors.UserInputError('--delta is required.')
     if FLAGS.plan:

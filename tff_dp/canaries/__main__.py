@@ -10,6 +10,7 @@ Bad input: one line on stderr, exit code 2.
 """
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -48,6 +49,7 @@ def _audit(run_dir, confidence: float, delta) -> list[dict]:
   from tff_dp import run_format
   from tff_dp.canaries import scores as scores_lib
   from tff_dp.run_format import canary_audit
+  from tff_dp.training import config_sections
   if not run_dir:
     raise errors.UserInputError('--run_dir is required')
   if not 0 < confidence < 1:
@@ -61,7 +63,10 @@ def _audit(run_dir, confidence: float, delta) -> list[dict]:
   try:
     with open(os.path.join(run_dir, run_format.CONFIG_FILE)) as f:
       config = json.load(f)
-    by_round = scores_lib.read(path)
+    section = config_sections.CanaryConfig(**{
+        f.name: config[f.name] for f in dataclasses.fields(config_sections.CanaryConfig)
+        if f.name in config})
+    by_round = scores_lib.read(path, canaries=section.num_canaries + section.unseen)
   except (OSError, ValueError, KeyError) as e:
     raise errors.UserInputError(f'--run_dir={run_dir}: cannot read the run ({e})') from None
   delta = config['delta_used'] if delta is None else delta

@@ -14,6 +14,7 @@ real client.
 import csv
 import dataclasses
 import os
+from typing import Optional
 
 import numpy as np
 
@@ -49,19 +50,35 @@ def append(path: str, round_num: int, scores: Scores) -> None:
     os.fsync(f.fileno())
 
 
-def read(path: str) -> dict[int, Scores]:
-  """{round: its scores}, rounds in file order (a round written twice: its last rows)."""
-  rows: dict[int, list] = {}
+def read(path: str, canaries: Optional[int] = None) -> dict[int, Scores]:
+  """{round: its scores}, rounds in file order (a round written twice: its last rows).
+
+  ValueError for a file that is not whole: no scores, a last line cut short, a round whose
+  canaries are not 0, 1, ... in order, or rounds of different sizes (`canaries`: the number
+  each round must have, inserted and held out)."""
   with open(path, newline='') as f:
-    reader = csv.DictReader(f)
-    if tuple(reader.fieldnames or ()) != FIELDS:
-      raise ValueError(f'{path}: not a canary scores file (columns {reader.fieldnames})')
-    for row in reader:
-      round_num, canary = int(row['round']), int(row['canary'])
-      if canary == 0:
-        rows[round_num] = []
-      rows[round_num].append((row['inserted'] == '1', float(row['final_model']),
-                              float(row['all_iterates'])))
+    text = f.read()
+  if text and not text.endswith('\n'):
+    raise ValueError(f'{path}: its last line is cut short (the file is not whole)')
+  rows: dict[int, list] = {}
+  reader = csv.DictReader(text.splitlines())
+  if tuple(reader.fieldnames or ()) != FIELDS:
+    raise ValueError(f'{path}: not a canary scores file (columns {reader.fieldnames})')
+  for row in reader:
+    round_num, canary = int(row['round']), int(row['canary'])
+    if canary == 0:
+      rows[round_num] = []
+    if round_num not in rows or canary != len(rows[round_num]):
+      raise ValueError(f'{path}: round {round_num} lists canary {canary} out of order (the file '
+                       'is not whole)')
+    rows[round_num].append((row['inserted'] == '1', float(row['final_model']),
+                            float(row['all_iterates'])))
+  if not rows:
+    raise ValueError(f'{path}: holds no scores')
+  sizes = {len(v) for v in rows.values()} | ({canaries} if canaries is not None else set())
+  if len(sizes) > 1:
+    raise ValueError(f'{path}: rounds hold {sorted(sizes)} canaries each where every round '
+                     'holds all of them (the file is not whole)')
   return {r: Scores(np.array([x[0] for x in v], bool), np.array([x[1] for x in v]),
                     np.array([x[2] for x in v])) for r, v in rows.items()}
 

@@ -12,6 +12,8 @@ nothing here imports TensorFlow.
 
 import os
 
+from tff_dp import ledger
+
 # The files of a run directory (their classes: `release.OUTPUTS`).
 CONFIG_FILE = 'config.json'
 CONFIG_HISTORY_FILE = 'config_history.jsonl'
@@ -24,6 +26,21 @@ UNRELEASED_LEDGER_FILE = 'ledger.unreleased.jsonl'
 # `CHECKPOINT_PREFIX` + round.
 CHECKPOINT_FOLDERS = ('checkpoints', 'secret/checkpoints')
 CHECKPOINT_PREFIX = 'round_'
+
+
+# The secrets a run keeps in its secret/ folder (their classes: `release.OUTPUTS`).
+SECRET_FOLDER = 'secret'
+SAMPLING_KEY_FILE = 'sampling_key'         # The permutation samplers' key.
+POPULATION_DIGEST_FILE = 'population_digest'   # The sampled population's digest.
+LEDGER_KEY_FILE = 'ledger_key'             # The key of the ledger's chained MACs.
+LEDGER_SEAL_FILE = ledger.SEAL_FILE         # The ledger's count and chain head, under the key.
+
+
+def secret_path(run_path: str, name: str) -> str:
+  """RUN_PATH/secret/`name`; for a run directory written before secret/ existed, its old
+  `name`.secret beside the checkpoints when that exists."""
+  legacy = os.path.join(run_path, f'{name}.secret')
+  return legacy if os.path.exists(legacy) else os.path.join(run_path, SECRET_FOLDER, name)
 
 
 def checkpointed_rounds(run_path: str) -> int:

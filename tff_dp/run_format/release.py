@@ -30,7 +30,7 @@ RunFacts = classes.RunFacts
 
 # The run directory's folder of secrets (mode 0700) and the publishable folder of a private
 # release: names that say what they hold.
-SECRET_DIR = 'secret'
+SECRET_DIR = run_format.SECRET_FOLDER
 RELEASE_DIR = 'release'
 
 

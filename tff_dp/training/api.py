@@ -8,6 +8,7 @@ dataset when `data_dir` is unset) and runs or resumes the experiment (`training.
 
 from typing import Optional
 
+from tff_dp.errors import UserInputError
 from tff_dp.execution import native_logs
 from tff_dp.execution import runtime
 from tff_dp.training import preflight
@@ -29,6 +30,9 @@ def run(cfg: ExperimentConfig, *, task=None, log=print,
   gRPC's and absl's own log lines are held back while the run lasts, unless
   `cfg.runtime.native_logs`.
   """
+  if not isinstance(cfg, ExperimentConfig):
+    raise UserInputError(f'`run` takes an ExperimentConfig, got {type(cfg).__name__} '
+                         f'{cfg!r:.60}')
   if task is None:   # A registered task: every refusal that needs no TensorFlow, first.
     preflight.check(cfg)
   cfg.validate()

@@ -19,6 +19,7 @@ from tff_dp import choices
 from tff_dp import cli_flags
 from tff_dp import errors
 from tff_dp.training import config as config_lib
+from tff_dp.training import preflight
 from tff_dp import sections
 
 
@@ -134,6 +135,7 @@ def parse(argv: Sequence[str]) -> config_lib.ExperimentConfig:
     raise errors.UserInputError(
         f'`resume`: there is no run directory {run_path}; check `root_output_dir` and '
         '`experiment_name`, or start the run without `resume`')
+  preflight.check_is_run(run_path)
   recorded = config_lib.recorded_settings(run_path)
   return config_lib.resumed(recorded, {k: v for k, v in given.items()
                                        if k in present or k not in recorded})

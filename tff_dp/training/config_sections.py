@@ -320,7 +320,8 @@ class RuntimeConfig(Section):
 class OutputConfig(Section):
   """Where the run is written, and how often it evaluates and checkpoints."""
   root_output_dir: str = setting('runs', 'Root of run directories.', path=True,
-                                 resumable=True)
+                                 check=(bool, 'must name a directory (empty: the current one '
+                                        'would be written into)'), resumable=True)
   experiment_name: Optional[str] = setting(
       None, 'Run directory name (default: TASK-DP-TIMESTAMP).',
       check=(lambda v: bool(v) and os.sep not in v and v not in ('.', '..'),
@@ -352,6 +353,12 @@ class OutputConfig(Section):
       'out of the console, metrics.csv and plots, write no TensorBoard events (wall-clock '
       'times), and write release/: the final model, covered metrics, ledger and privacy '
       'statement, to publish as it is.')
+
+  def _check(self):
+    if self.eval_holdout_clients is not None and self.eval_data != 'holdout':
+      raise UserInputError('`eval_holdout_clients` is the size of the held-out evaluation set '
+                           f'of `eval_data=holdout`, not of `eval_data={self.eval_data}`; give '
+                           '`eval_data=holdout` or drop it')
 
 
 def _finite_numbers(results: Mapping) -> bool:

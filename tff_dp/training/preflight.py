@@ -12,9 +12,11 @@ import json
 import os
 from typing import Any, Optional
 
+from tff_dp import choices
 from tff_dp import ledger as ledger_lib
 from tff_dp import mechanisms
 from tff_dp import run_format
+from tff_dp.run_format import metrics_csv
 from tff_dp.errors import UserInputError
 from tff_dp.training import config as config_lib
 from tff_dp.training import task_registry
@@ -36,10 +38,12 @@ def check(cfg: ExperimentConfig) -> None:
   path = run_path(cfg.output.root_output_dir, cfg.output.experiment_name,
                   resume=cfg.output.resume)
   if cfg.output.resume:
+    check_is_run(path)
     lock(path).close()   # Refused if another process holds it; released at once.
     resume_changes(config_lib.recorded_settings(path), cfg)
     check_rounds_left(path, cfg.training.total_rounds)
     ledger_lib.check_resumable(os.path.join(path, run_format.LEDGER_FILE))
+    check_resume_state(path, cfg)
 
 
 def run_path(root_output_dir: str, experiment_name: str, *, resume: bool) -> str:
@@ -146,3 +150,63 @@ def check_rounds_left(path: str, total_rounds: int) -> None:
         f'`total_rounds` above {done} to continue it')
 
 
+def check_is_run(path: str) -> None:
+  """Refuses to resume a directory that is not a run's (no config.json): nothing to resume. A
+  run still starting (its lock held, its config not yet written) is refused as in use."""
+  if not os.path.isfile(os.path.join(path, run_format.CONFIG_FILE)):
+    if os.path.exists(os.path.join(path, LOCK_FILE)):
+      lock(path).close()   # Refused if another process holds it.
+    raise UserInputError(f'`resume`: {path} is not a run directory (it has no '
+                         f'{run_format.CONFIG_FILE}); nothing was changed. Resume a directory '
+                         'a run wrote, or start a run without `resume`')
+
+
+def check_resume_state(path: str, cfg: ExperimentConfig) -> None:
+  """Refuses, before anything is written, a resume that would silently weaken or re-charge the
+  run: its ledger gone while rounds were released, its MAC key, seal or population digest gone
+  while the ledger shows the run had them, a permutation sampler's key gone, or every
+  checkpoint gone while the ledger holds rounds (each released round would be re-executed
+  and charged again, unannounced)."""
+  if mechanisms.find(cfg.dp.kind) is None:
+    return
+  ledger_path = os.path.join(path, run_format.LEDGER_FILE)
+  macs = ledger_lib.macs_of(ledger_path) if os.path.exists(ledger_path) else []
+  checkpointed = run_format.checkpointed_rounds(path)
+  released = os.path.exists(os.path.join(path, run_format.METRICS_FILE))
+  if not macs and (checkpointed or released):   # `released`: a round's outputs were written.
+    raise UserInputError(
+        f'`resume`: {ledger_path} is {"empty" if os.path.exists(ledger_path) else "missing"} '
+        f'but the run released rounds ({run_format.METRICS_FILE}'
+        f'{f", a checkpoint of round {checkpointed}" if checkpointed else ""}): their privacy '
+        'cost would go uncounted. Restore the ledger, or start a new run (nothing was changed)')
+  chained = any(m.startswith('chain:') for m in macs)
+  needed = [(run_format.LEDGER_KEY_FILE, any(macs), 'its lines carry MACs'),
+            (run_format.LEDGER_SEAL_FILE, chained, 'its lines are chained'),
+            (run_format.POPULATION_DIGEST_FILE, chained, 'the run recorded its population'),
+            (run_format.SAMPLING_KEY_FILE,
+             cfg.sampling.client_sampling in choices.PERMUTATION_SAMPLERS
+             and cfg.sampling.sampling_seed is None, 'its sampler continues a secret schedule')]
+  missing = [(name, why) for name, needed_now, why in needed   # What the run did have.
+             if needed_now and not os.path.exists(run_format.secret_path(path, name))]
+  if missing:
+    raise UserInputError(
+        f'`resume`: {path} lacks ' + ', '.join(
+            f'{run_format.SECRET_FOLDER}/{name} ({why})' for name, why in missing)
+        + ': without it the run would go on weaker (forgery or truncation of the ledger '
+        'undetected, another population or schedule accepted). Restore secret/ from where '
+        'you keep it, or start a new run (nothing was changed)')
+  last_released = max((int(r['round']) for r in metrics_csv.MetricsCsv(
+      os.path.join(path, run_format.METRICS_FILE)).read_rows()), default=0)
+  # A round that is a multiple of the checkpoint period is checkpointed before its outputs are
+  # released, so a crash leaves fewer than `every` released rounds after the last checkpoint;
+  # a finished run checkpointed its last round.
+  every = min(cfg.rounds_per_checkpoint,
+              config_lib.resumed(config_lib.recorded_settings(path), {}).rounds_per_checkpoint)
+  finished = os.path.exists(os.path.join(path, run_format.SUMMARY_FILE))
+  if last_released - checkpointed >= every or (finished and checkpointed < last_released):
+    raise UserInputError(
+        f'`resume`: {path} released {last_released} rounds but holds a checkpoint of round '
+        f'{checkpointed} only (one every {every} rounds, and the last of a finished run, is '
+        f'written before its release, so checkpoints were removed): rounds {checkpointed + 1}-{last_released} would be '
+        'executed and charged again. Restore checkpoints/, or start a new run (nothing was '
+        'changed)')

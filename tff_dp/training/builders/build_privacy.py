@@ -15,6 +15,7 @@ from tff_dp import accounting
 from tff_dp import choices
 from tff_dp import ledger as ledger_lib
 from tff_dp import mechanisms
+from tff_dp import run_format
 from tff_dp import sampling
 from tff_dp.accounting import guarantee
 from tff_dp.aggregators import noise_feed
@@ -23,15 +24,13 @@ from tff_dp.errors import UserInputError
 from tff_dp.training import config as config_lib
 from tff_dp.training.run_state import privacy_recorder
 
-# The shuffled sampler's secret key, kept in the run directory's secret/ folder for resume.
-SAMPLING_KEY_FILE = 'sampling_key'
-# The digest of the population a run samples (`sampling.population_digest`), kept in secret/:
-# a resume on another population is refused.
-POPULATION_FILE = 'population_digest'
-# The key of the ledger's MACs (`ledger.new_mac_key`), kept in secret/.
-LEDGER_KEY_FILE = 'ledger_key'
-# The ledger's seal (`ledger.write_seal`: its count and chain head, under the key), in secret/.
-LEDGER_SEAL_FILE = ledger_lib.SEAL_FILE
+# The run's secrets, kept in its secret/ folder (`tff_dp.run_format`): the permutation
+# samplers' key (for resume), the population's digest (a resume on another population is
+# refused), the key of the ledger's MACs (`ledger.new_mac_key`) and the ledger's seal.
+SAMPLING_KEY_FILE = run_format.SAMPLING_KEY_FILE
+POPULATION_FILE = run_format.POPULATION_DIGEST_FILE
+LEDGER_KEY_FILE = run_format.LEDGER_KEY_FILE
+LEDGER_SEAL_FILE = run_format.LEDGER_SEAL_FILE
 
 
 @dataclasses.dataclass

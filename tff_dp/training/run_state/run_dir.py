@@ -222,8 +222,7 @@ class RunDirectory:
   def secret_file(self, name: str) -> str:
     """RUN_DIR/secret/`name`; for a run directory written before secret/ existed, its old
     `name`.secret beside the checkpoints when that exists (a resume reads the key there)."""
-    legacy = self.file(f'{name}.secret')
-    return legacy if os.path.exists(legacy) else os.path.join(self.path, SECRET_DIR, name)
+    return run_format.secret_path(self.path, name)
 
   def file(self, name: str) -> str:
     return os.path.join(self.path, name)
