@@ -36,6 +36,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -307,7 +308,7 @@ def run_table(plan: TablePlan, *, dry_run: bool = False) -> dict:
     t0 = time.monotonic()
     # TF's C++ start-up noise (cuDNN/cuFFT registration on a CPU machine) is level-2 logging.
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=os.environ.get('TF_CPP_MIN_LOG_LEVEL', '3'))
-    rc = subprocess.call(arm.cmd, env=env)
+    rc = _run_arm(arm.cmd, env)
     print(f'[{table}] {label}: exit {rc} after {time.monotonic() - t0:.0f}s', flush=True)
     if rc != 0:
       failed.append(arm.arm)
@@ -327,6 +328,26 @@ def run_table(plan: TablePlan, *, dry_run: bool = False) -> dict:
                    plots=written['plots'])
     print(f'[{table}] table: {written["table"]}', flush=True)
   return summary
+
+
+def _run_arm(cmd, env) -> int:
+  """Runs one arm's run_experiment.py to its end. The arm has its own process group, so a
+  terminal's Ctrl-C reaches this process alone, which passes each one on: the first stops the
+  arm as it stops a run (its rounds kept), a second aborts its round; then KeyboardInterrupt
+  ends the table, so the next arm never starts."""
+  proc = subprocess.Popen(cmd, env=env, process_group=0)
+  interrupted = False
+  while True:
+    try:
+      rc = proc.wait()
+      break
+    except KeyboardInterrupt:
+      interrupted = True
+      if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+  if interrupted:
+    raise KeyboardInterrupt
+  return rc
 
 
 def reproduce_table(table: str, *, scale: str, data_dir: str, root_output_dir: str,
@@ -397,6 +418,10 @@ def main(argv) -> int:
       failed += [f'{plan.table}/{arm}' for arm in summary['failed']]
   except (ValueError, UserInputError) as e:
     return cli_flags.report(e, flags.FLAGS)
+  except KeyboardInterrupt:
+    print('stopped by SIGINT (Ctrl-C): the arm under way kept its completed rounds and no '
+          'later arm started; rerun the same command to resume', file=sys.stderr)
+    return 130
   if failed:
     print(f'error: arms failed: {", ".join(failed)} (rerun the same command to resume them)',
           file=sys.stderr)
@@ -405,4 +430,6 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
+  from tff_dp import cli_flags  # pylint: disable=g-import-not-at-top
+  cli_flags.interruptible()   # Started as a background job too, Ctrl-C stops it.
   sys.exit(main(sys.argv))

@@ -429,4 +429,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
+  from tff_dp import cli_flags  # pylint: disable=g-import-not-at-top
+  cli_flags.interruptible()   # Started as a background job too, Ctrl-C stops it.
   sys.exit(main())

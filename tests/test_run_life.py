@@ -209,6 +209,8 @@ def test_refusals_of_data_output_and_resume_come_before_tensorflow(tag_task, tag
       (['--task=stackoverflow_tag', f'--data_dir={tag_data_dir}', '--experiment_name=made'],
        'already exists'),
       (resume + ['--noise_multiplier=2'], '--noise_multiplier was 0.7, now 2.0'),
+      (['--task=stackoverflow_tag', f'--data_dir={tag_data_dir}', '--precondition=client',
+        '--side_info=file:/nonexistent.npy'], '/nonexistent.npy: no such file'),
   ]
   before = _listing(tmp_path)
   for args, message in cases:

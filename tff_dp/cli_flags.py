@@ -7,6 +7,7 @@ exit code 2), so `--help` is handled here: the module's usage text and every fla
 
 import os
 import re
+import signal
 import sys
 from typing import Collection, Optional
 
@@ -61,3 +62,30 @@ def report(error: Exception, flag_names: Collection[str] = ()) -> int:
   and returns the exit code 2."""
   print(f'error: {as_flags(" ".join(str(error).split()), flag_names)}', file=sys.stderr)
   return 2
+
+
+def interruptible() -> None:
+  """Makes the first Ctrl-C (SIGINT) raise KeyboardInterrupt and SIGTERM end the program
+  (SystemExit 128 + 15, so `finally` blocks run) in this process, even when it was started with
+  them ignored (a shell's background job inherits SIGINT ignored, and Python keeps an inherited
+  SIG_IGN): each command line's main calls it, never an import. A program that execs another
+  (the worker) passes these dispositions on as the default ones."""
+  signal.signal(signal.SIGINT, signal.default_int_handler)
+  signal.signal(signal.SIGTERM, _terminate)
+
+
+def _terminate(signum, frame):
+  del frame
+  raise SystemExit(128 + signum)
+
+
+def run_program(main, argv, kept: str) -> int:
+  """`main(argv)` as a program (`interruptible`): the first Ctrl-C ends it with exit code 130
+  and one line saying what was kept (`kept`)."""
+  interruptible()
+  try:
+    return main(argv)
+  except KeyboardInterrupt:
+    print(f'stopped by SIGINT (Ctrl-C): {kept}', file=sys.stderr)
+    return 130
+

@@ -74,4 +74,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
+  # The worker binary inherits handled signals as default ones (Ctrl-C ends it), and ignored
+  # ones as ignored (a background job's SIGINT).
+  cli_flags.interruptible()
   sys.exit(main())

@@ -346,4 +346,4 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
-  sys.exit(main(sys.argv))
+  sys.exit(cli_flags.run_program(main, sys.argv, 'nothing was written but what was printed'))

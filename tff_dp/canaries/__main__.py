@@ -77,4 +77,4 @@ def _audit(run_dir, confidence: float, delta) -> list[dict]:
 
 
 if __name__ == '__main__':
-  sys.exit(main(sys.argv))
+  sys.exit(cli_flags.run_program(main, sys.argv, 'nothing was written'))

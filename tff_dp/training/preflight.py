@@ -29,6 +29,11 @@ def check(cfg: ExperimentConfig) -> None:
   """Raises UserInputError for the first refusal `cfg` meets (module docstring), for a run that
   builds the registered task `cfg.task` names."""
   cfg.validate()
+  side_info = cfg.adadps.side_info
+  if (cfg.adadps.precondition != 'none' and side_info.startswith('file:')
+      and not os.path.isfile(os.path.expanduser(side_info[len('file:'):]))):
+    raise UserInputError(f'`side_info={side_info}`: no such file (a .npy or .npz of the side '
+                         'information)')
   task = task_registry.get(cfg.task.name)
   if cfg.task.data_dir is not None and task.check_data is not None:
     task.check_data(cfg.task.data_dir, **cfg.task_options())
