@@ -392,6 +392,8 @@ def ensure_population_cache(cache_dir: str, family: str, population: Union[int, 
     if os.path.exists(marker):
       os.remove(marker)
     start = time.perf_counter()
+    if log is not None:
+      log(f'generating {family} cache ({settings}) in {cache_dir}')
     if family == 'emnist':
       write_emnist_cache(cache_dir, seed=seed, **sizes)
     else:
