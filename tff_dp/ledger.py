@@ -17,10 +17,14 @@ part of `RoundRecord`) and `sha256` the SHA-256 of the canonical JSON of `{"reco
 the same float64 (float32 values from TF are stored as their exact float64 value).
 Version-1 lines (no `seq`) are still read. The checksums detect accidents (a truncated, edited
 or reordered line), not forgery: anyone who can write the file can recompute them. Against
-forgery a run also writes `"hmac": "<hex>"`, HMAC-SHA256 of the same canonical body under a
-secret key the run keeps in secret/ledger_key (`new_mac_key`); a reader given the key
-(`read_ledger(path, mac_key=...)`, `python -m tff_dp.accounting --ledger_key`) refuses a line
-whose MAC is missing or wrong, so an edited line with a recomputed checksum is caught.
+forgery a run also writes `"chain": "<hex>"`, HMAC-SHA256 under a secret key the run keeps in
+secret/ledger_key (`new_mac_key`) of the previous line's MAC ('' for the first) and the same
+canonical body, so the MACs commit to every earlier line and their order; and after every
+append a seal (`write_seal`, secret/ledger_seal) that commits to the number of lines and the
+last MAC. A reader given the key (`read_ledger(path, mac_key=..., seal_path=...)`,
+`python -m tff_dp.accounting --ledger_key`) refuses a line whose MAC is missing or wrong (an
+edited, moved or spliced line with a recomputed checksum) and a ledger cut short. Lines
+written before chained MACs carry `"hmac"`, a MAC of the line alone, still verified.
 
 Each line is written with a single `os.write` on an O_APPEND descriptor followed by `fsync`,
 so a crash can at worst leave one partial last line (no trailing newline). Readers never skip
@@ -45,7 +49,7 @@ import json
 import math
 import operator
 import os
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 from tff_dp import atomic_write
 from tff_dp import choices
@@ -380,6 +384,14 @@ def _mac(key: bytes, canonical_body: str) -> str:
   return hmac.new(key, canonical_body.encode('utf-8'), hashlib.sha256).hexdigest()
 
 
+class LineMac(NamedTuple):
+  """A ledger line's MAC as written ('' for a line without one), and whether it is chained
+  (`chain`: over the previous line's MAC too, so a seal commits to it) or a line's own
+  (`hmac`, written before chained MACs)."""
+  value: str
+  chained: bool
+
+
 def _chain_mac(key: bytes, previous_mac: str, canonical_body: str) -> str:
   """A line's chained MAC: over the previous line's MAC and its own canonical body, so the
   MACs commit to every line before it and to their order."""
@@ -395,13 +407,19 @@ def encode_record(record: RoundRecord, seq: int, mac_key: Optional[bytes] = None
   `mac_key` the line also carries its chained MAC (`chain`, over `previous_mac`, the MAC of
   the line before it, '' for the first; the module docstring).
   """
+  return _encode(record, seq, mac_key, previous_mac)[0]
+
+
+def _encode(record: RoundRecord, seq: int, mac_key: Optional[bytes],
+            previous_mac: str) -> Tuple[bytes, str]:
+  """`encode_record`, with the line's chained MAC ('' without a key) for the next line."""
   seq = _as_int(seq, 'seq', 1)
   body = {'record': record.to_json(), 'schema_version': SCHEMA_VERSION, 'seq': seq}
   canonical = _canonical(body)
   line = dict(body, sha256=hashlib.sha256(canonical.encode('utf-8')).hexdigest())
   if mac_key is not None:
     line['chain'] = _chain_mac(mac_key, previous_mac, canonical)
-  return (_canonical(line) + '\n').encode('utf-8')
+  return (_canonical(line) + '\n').encode('utf-8'), line.get('chain', '')
 
 
 def decode_line(line: bytes, line_num: int, path: str = '<ledger>',
@@ -418,9 +436,8 @@ def decode_line(line: bytes, line_num: int, path: str = '<ledger>',
 
 
 def _decode_line(line: bytes, line_num: int, path: str, mac_key: Optional[bytes],
-                 previous_mac: str) -> Tuple[RoundRecord, Optional[int], str]:
-  """`decode_line`, with the line's MAC ('' if it has none) for the next line's chain; a
-  chained MAC is returned as 'chain:<hex>' (so a reader knows a seal commits to it)."""
+                 previous_mac: str) -> Tuple[RoundRecord, Optional[int], LineMac]:
+  """`decode_line`, with the line's MAC (for the next line's chain, and the seal)."""
   where = f'{path} line {line_num}'
   try:
     obj = json.loads(line.decode('utf-8'))
@@ -462,8 +479,7 @@ def _decode_line(line: bytes, line_num: int, path: str, mac_key: Optional[bytes]
   if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool)):
     raise LedgerError(f'{where}: seq must be a JSON integer, got {seq!r}.')
   try:
-    return (RoundRecord.from_json(obj['record']), seq,
-            f'chain:{mac}' if 'chain' in obj else mac)
+    return RoundRecord.from_json(obj['record']), seq, LineMac(mac, 'chain' in obj)
   except LedgerError as e:
     raise LedgerError(f'{where}: {e}') from None
 
@@ -481,9 +497,9 @@ def _check_round_order(round_num: int, prev_round: int, where: str) -> None:
 
 
 def _decode_ledger(lines: Sequence[bytes], path: str, mac_key: Optional[bytes] = None
-                   ) -> Tuple[List[RoundRecord], List[str]]:
+                   ) -> Tuple[List[RoundRecord], List[LineMac]]:
   """Decodes complete ledger lines and checks their order (see the module docstring):
-  (records, each line's MAC or '').
+  (records, each line's MAC).
 
   The one place where a whole ledger is validated: `read_ledger` and `PrivacyLedger` use it.
   """
@@ -492,7 +508,7 @@ def _decode_ledger(lines: Sequence[bytes], path: str, mac_key: Optional[bytes] =
   seen_seq = False
   for line_num, line in enumerate(lines, 1):
     record, seq, mac = _decode_line(line, line_num, path, mac_key,
-                                    _bare(macs[-1]) if macs else '')
+                                    macs[-1].value if macs else '')
     where = f'{path} line {line_num}'
     if seq is None:  # Version 1: no seq, so the rounds themselves must be 1, 2, 3, ...
       if seen_seq:
@@ -516,11 +532,6 @@ def _decode_ledger(lines: Sequence[bytes], path: str, mac_key: Optional[bytes] =
   return records, macs
 
 
-def _bare(mac: str) -> str:
-  """A MAC as `_decode_line` returns it, without its 'chain:' tag."""
-  return mac[len('chain:'):] if mac.startswith('chain:') else mac
-
-
 # The seal (`write_seal`): what a MAC'd ledger's count and chain head are checked against; a
 # run keeps it under this name in its secret/, beside the key (`tff_dp.run_format`).
 SEAL_FILE = 'ledger_seal'
@@ -540,7 +551,7 @@ def write_seal(path: str, mac_key: bytes, count: int, head: str) -> None:
   _fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
-def check_seal(path: str, mac_key: bytes, macs: Sequence[str], ledger_path: str) -> int:
+def check_seal(path: str, mac_key: bytes, macs: Sequence[LineMac], ledger_path: str) -> int:
   """Checks the ledger whose lines' MACs are `macs` against its seal at `path`; returns the
   number of lines the seal commits to. One line more than the seal is accepted (its append
   completed, its seal did not: a crash between them; the line's own MAC still chains to the
@@ -564,7 +575,7 @@ def check_seal(path: str, mac_key: bytes, macs: Sequence[str], ledger_path: str)
   if count > len(macs):
     raise LedgerError(f'{ledger_path}: {len(macs)} lines, but its seal commits to {count}: the '
                       'ledger was cut short (its last lines removed).')
-  if count < len(macs) - 1 or (_bare(macs[count - 1]) if count else '') != head:
+  if count < len(macs) - 1 or (macs[count - 1].value if count else '') != head:
     raise LedgerError(f'{ledger_path}: its lines do not end as its seal ({count} lines) says: '
                       'lines were replaced or added.')
   return count
@@ -616,9 +627,9 @@ def read_ledger(path: str, mac_key: Optional[bytes] = None,
   return records
 
 
-def macs_of(path: str) -> List[str]:
-  """Each complete line's MAC, unverified ('' for a line without one; a chained MAC as
-  'chain:<hex>'): whether a reader without the key is reading a ledger it cannot verify."""
+def macs_of(path: str) -> List[LineMac]:
+  """Each complete line's MAC, unverified: whether a reader without the key is reading a
+  ledger it cannot verify, and whether a seal commits to it."""
   lines, _ = _split_complete_lines(_read_bytes(path))
   return _decode_ledger(lines, path)[1]
 
@@ -738,14 +749,14 @@ class PrivacyLedger:
           'tff_dp.ledger.repair_truncated_tail) to move it to '
           f'{path}.corrupt-<timestamp>.')
     records, macs = _decode_ledger(lines, path, self.mac_key)
-    chained = any(m.startswith('chain:') for m in macs)
+    chained = any(m.chained for m in macs)
     if self.seal_path is not None and (chained or os.path.exists(self.seal_path)):
       check_seal(self.seal_path, self.mac_key, macs, path)
     if tail:
       self.repaired_to = repair_truncated_tail(path)
     self._num_records = len(records)
     self._last_round = records[-1].round_num if records else 0
-    self._last_mac = _bare(macs[-1]) if macs else ''
+    self._last_mac = macs[-1].value if macs else ''
 
   def _seal(self) -> None:
     if self.seal_path is not None:
@@ -764,7 +775,7 @@ class PrivacyLedger:
       raise LedgerError(f'append expects a RoundRecord, got {type(record).__name__}.')
     seq = self._num_records + 1
     _check_round_order(record.round_num, self._last_round, f'{self.path} line {seq}')
-    line = encode_record(record, seq, self.mac_key, self._last_mac)
+    line, mac = _encode(record, seq, self.mac_key, self._last_mac)
     view = memoryview(line)
     while view:  # os.write on a regular file writes everything; loop for safety.
       written = os.write(self._fd, view)
@@ -772,8 +783,7 @@ class PrivacyLedger:
     os.fsync(self._fd)
     self._num_records = seq
     self._last_round = record.round_num
-    if self.mac_key is not None:
-      self._last_mac = json.loads(line)['chain']
+    self._last_mac = mac
     self._seal()
 
   def close(self) -> None:
@@ -825,4 +835,4 @@ def move_records(path: str, records: Sequence[RoundRecord], moved_path: str,
   _fsync_dir(os.path.dirname(os.path.abspath(path)))
   if seal_path is not None:
     _, macs = _decode_ledger(lines[:keep], path, mac_key)
-    write_seal(seal_path, mac_key, keep, _bare(macs[-1]) if macs else '')
+    write_seal(seal_path, mac_key, keep, macs[-1].value if macs else '')

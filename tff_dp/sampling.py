@@ -5,9 +5,10 @@
 The amplification the accountant applies (q) assumes nobody but the mechanism knows which
 clients a round used. The Poisson kinds' q is given (`build_sampler(probability=...)`, fixed
 before the data is seen: the claim is add/remove) or derived from the population (q = m / N:
-zero-out, `tff_dp.accounting.claims`); each sampler records which in its events. By default (`seed=None`) every round's draw therefore comes from
-the operating system's CSPRNG (`os.urandom`): nothing in the run's outputs, config or
-checkpoints lets anyone recompute a sample, and a resumed run simply draws fresh samples for
+zero-out, `tff_dp.accounting.claims`); each sampler records which in its events. So that
+nobody knows a sample, by default (`seed=None`) every round's draw comes from the operating
+system's CSPRNG (`os.urandom`): nothing in the run's outputs, config or checkpoints lets
+anyone recompute a sample, and a resumed run simply draws fresh samples for
 the rounds it (re-)executes (each execution is its own ledger record). With an explicit
 integer `seed`, round r's draw is a function of (seed, r, client id): reproducible simulations
 and resume, but whoever holds the seed knows every round's membership (the run's privacy

@@ -168,7 +168,8 @@ class LedgerAccountant:
           'one ledger holds one mechanism.')
     elif record.sampling.probability_given != self._rate_given:
       raise errors.UserInputError(
-          f'Round {record.round_num}\'s sampling rate was {_rate(record.sampling)}, round 1\'s '
+          f'Round {record.round_num}\'s sampling rate was '
+          f'{_rate(record.sampling.probability_given)}, round 1\'s '
           f'{_rate(self._rate_given)}: one run has one claim (`claims`).')
     self._account.compose(record)
 
@@ -230,9 +231,8 @@ class LedgerAccountant:
     return trial.epsilon_pld()
 
 
-def _rate(given) -> str:
-  """How a sampling rate came to be, in words (a SamplingEvent or its `probability_given`)."""
-  given = getattr(given, 'probability_given', given)
+def _rate(given: bool) -> str:
+  """How a sampling rate came to be (`SamplingEvent.probability_given`), in words."""
   return 'given' if given else 'derived from the population'
 
 

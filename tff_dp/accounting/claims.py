@@ -3,8 +3,9 @@ its epsilon is proven under, the theorem it rests on, and the test that attacks 
 
 A run never chooses its relation beside its mechanism: the accountant, the privacy statement,
 the calibration and the accounting CLI all read it here from what ran (the kind of noise, the
-sampler, where its rate came from, whether the sample is seeded). A pair missing from the table has no proof and is
-refused before anything is written, with one line saying what to use instead.
+sampler, where its rate came from, whether the sample is seeded). A pair missing from the
+table has no proof and is refused before anything is written, with one line saying what to
+use instead.
 
 Relations (dp_accounting's `NeighboringRelation`):
   * 'add_remove': neighbouring datasets differ by one client's presence.

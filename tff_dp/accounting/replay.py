@@ -73,12 +73,12 @@ def read_verified(path: str, mac_key: Optional[bytes] = None, seal_path: Optiona
   macs = ledger.macs_of(path)
   if mac_key is None:
     notes = []
-    if any(macs):
+    if any(m.value for m in macs):
       notes.append(f'{UNVERIFIED}: this ledger carries MACs and no key was given, so nothing '
                    'shows it was not forged (edited with recomputed checksums, or cut short); '
                    'replay it with its key, the run\'s secret/ledger_key')
     return ledger.read_ledger(path), notes
-  chained = any(m.startswith('chain:') for m in macs)
+  chained = any(m.chained for m in macs)
   if seal_path is None and chained and key_path is not None:
     seal_path = os.path.join(os.path.dirname(key_path), ledger.SEAL_FILE)
   notes = [] if seal_path is not None or chained else [

@@ -63,4 +63,5 @@ def main(argv) -> int:
 
 
 if __name__ == '__main__':
-  sys.exit(cli_flags.run_program(main, sys.argv, 'the tables and plots written so far are whole; rerun to write the rest'))
+  sys.exit(cli_flags.run_program(
+      main, sys.argv, 'the tables and plots written so far are whole; rerun to write the rest'))

@@ -184,8 +184,8 @@ def check_resume_state(path: str, cfg: ExperimentConfig) -> None:
         f'but the run released rounds ({run_format.METRICS_FILE}'
         f'{f", a checkpoint of round {checkpointed}" if checkpointed else ""}): their privacy '
         'cost would go uncounted. Restore the ledger, or start a new run (nothing was changed)')
-  chained = any(m.startswith('chain:') for m in macs)
-  needed = [(run_format.LEDGER_KEY_FILE, any(macs), 'its lines carry MACs'),
+  chained, maced = any(m.chained for m in macs), any(m.value for m in macs)
+  needed = [(run_format.LEDGER_KEY_FILE, maced, 'its lines carry MACs'),
             (run_format.LEDGER_SEAL_FILE, chained, 'its lines are chained'),
             (run_format.POPULATION_DIGEST_FILE, chained, 'the run recorded its population'),
             (run_format.SAMPLING_KEY_FILE,
@@ -212,6 +212,6 @@ def check_resume_state(path: str, cfg: ExperimentConfig) -> None:
     raise UserInputError(
         f'`resume`: {path} released {last_released} rounds but holds a checkpoint of round '
         f'{checkpointed} only (one every {every} rounds, and the last of a finished run, is '
-        f'written before its release, so checkpoints were removed): rounds {checkpointed + 1}-{last_released} would be '
-        'executed and charged again. Restore checkpoints/, or start a new run (nothing was '
-        'changed)')
+        f'written before its release, so checkpoints were removed): rounds '
+        f'{checkpointed + 1}-{last_released} would be executed and charged again. Restore '
+        'checkpoints/, or start a new run (nothing was changed)')
