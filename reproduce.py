@@ -358,18 +358,6 @@ def reproduce_table(table: str, *, scale: str, data_dir: str, root_output_dir: s
                               arms=arms, extra=extra), dry_run=dry_run)
 
 
-def _existing_non_directory(path: str):
-  """`path` or the first of its ancestors that exists but is not a directory (None if none):
-  where no run directory could be created."""
-  path = os.path.abspath(path)
-  while not os.path.exists(path):
-    parent = os.path.dirname(path)
-    if parent == path:
-      return None
-    path = parent
-  return None if os.path.isdir(path) else path
-
-
 def main(argv) -> int:
   """argv (program name first) -> exit code: 0 done, 2 bad input (unknown flags included),
   1 an arm failed."""
@@ -378,6 +366,7 @@ def main(argv) -> int:
   # or an error comes in about a second.
   from tff_dp import cli_flags  # pylint: disable=g-import-not-at-top
   from tff_dp.errors import UserInputError  # pylint: disable=g-import-not-at-top
+  from tff_dp.training import preflight  # pylint: disable=g-import-not-at-top
   try:
     if cli_flags.parse(flags.FLAGS, argv, __doc__) == 0:   # Printed the help.
       return 0
@@ -390,11 +379,10 @@ def main(argv) -> int:
     print(f'error: --experiments_dir {experiments_dir} is not a directory (it holds one '
           'sub-directory of .flags files per table)', file=sys.stderr)
     return 2
-  blocked = _existing_non_directory(root_output_dir)
-  if blocked:
-    print(f'error: --root_output_dir {root_output_dir}: {blocked} is not a directory; the runs '
-          'go in sub-directories of it', file=sys.stderr)
-    return 2
+  try:   # Where the runs go: checked before any arm (or its data) is made.
+    preflight.check_writable(root_output_dir)
+  except UserInputError as e:
+    return cli_flags.report(e, flags.FLAGS)
   if not _TABLE.value:
     print('error: --table is required; available: '
           f'{", ".join(list_tables(experiments_dir))}, all', file=sys.stderr)

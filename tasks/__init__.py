@@ -23,7 +23,7 @@ from tff_dp import sections
 from tff_dp.training import task_registry
 
 __all__ = ['TASKS', 'TASK_NAMES', 'TaskSettings', 'TaskSpec', 'DEFAULT_EMBEDDED_DATA_DIR',
-           'FederatedTask', 'build_task', 'check_data', 'load']
+           'FederatedTask', 'build_task', 'check_data', 'client_ids', 'load']
 
 
 def __getattr__(name):
@@ -89,13 +89,30 @@ def load(name: str, data_dir: Optional[str] = None, *,
   return build_task(name, data_dir, **build_options)
 
 
+def client_ids(name: str, data_dir: Optional[str] = None, *,
+               embedded_data_dir: str = DEFAULT_EMBEDDED_DATA_DIR,
+               **task_options) -> Optional[tuple[list, list]]:
+  """The (training, test) client ids `load` would give task `name`, read without TensorFlow;
+  None when no data directory is given and the embedded dataset is not generated yet."""
+  from tasks import data_files  # pylint: disable=g-import-not-at-top
+  family = _spec(name).family
+  if data_dir is None:
+    data_dir = data_files.embedded_dir_if_generated(family, embedded_data_dir)
+    if data_dir is None:
+      return None
+  return data_files.client_ids(family, os.path.expanduser(data_dir),
+                               only_digits=bool(task_options.get('only_digits', False)))
+
+
 def _register() -> None:
   """Registers `TaskSettings` and each task of `TASKS` with the library."""
   sections.register(TaskSettings)
   for name, spec in TASKS.items():
     task_registry.register(name, task_registry.RegisteredTask(
         help=spec.help, build=functools.partial(load, name),
-        check_data=functools.partial(check_data, name), options=spec.options))
+        check_data=functools.partial(check_data, name),
+        client_ids=functools.partial(client_ids, name), options=spec.options,
+        token_side_info=frozenset(spec.side_info)))
 
 
 _register()

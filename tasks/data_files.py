@@ -9,6 +9,7 @@ import argparse
 import os
 import sqlite3
 import sys
+from typing import Optional
 
 from absl import logging
 
@@ -37,6 +38,35 @@ def required_splits(family: str, only_digits: bool = False) -> tuple:
   return STACKOVERFLOW_SPLITS
 
 
+# The file marking a generated embedded dataset of a family (`synthetic_data`), whole.
+EMBEDDED_MARKER = '.tff_dp_embedded_v2_{}'   # v2: StackOverflow test clients are training users.
+
+
+def client_ids(family: str, data_dir: str, only_digits: bool = False) -> tuple[list, list]:
+  """(training, test) client ids of the family's checked SQLite file in `data_dir`, each in the
+  order TFF's loader lists them (its `_fetch_client_ids` query); no TensorFlow."""
+  path = check_task_data(family, data_dir, only_digits)
+  splits = required_splits(family, only_digits)
+  conn = sqlite3.connect(f'file:{path}?mode=ro', uri=True)
+  try:
+    return tuple(
+        # TFF's query text, so the same plan lists the ids in the same order; `split` is one
+        # of this module's constant names, never user input.
+        [r[0] for r in conn.execute(
+            f"SELECT DISTINCT client_id FROM client_metadata WHERE split_name = '{split}';")]
+        for split in (splits[0], splits[-1]))
+  finally:
+    conn.close()
+
+
+def embedded_dir_if_generated(family: str, embedded_data_dir: str) -> Optional[str]:
+  """`embedded_data_dir` if the family's embedded dataset is generated there, whole."""
+  cache_dir = os.path.expanduser(embedded_data_dir)
+  whole = (os.path.exists(os.path.join(cache_dir, EMBEDDED_MARKER.format(family)))
+           and os.path.exists(os.path.join(cache_dir, DATABASES[family])))
+  return cache_dir if whole else None
+
+
 def check_task_data(family: str, data_dir: str, only_digits: bool = False) -> str:
   """The family's SQLite file in `data_dir` after checking it is there, intact, and holds the
   splits the task reads (no TensorFlow: the command line checks it before TF loads)."""
@@ -54,17 +84,24 @@ def check_data_dir(data_dir: str) -> None:
                          'task\'s SQLite files)')
   if not os.path.isdir(data_dir):
     raise UserInputError(f'data directory {data_dir} does not exist')
+  if not os.access(data_dir, os.R_OK | os.X_OK):
+    raise UserInputError(f'data directory {data_dir} cannot be read (permission denied)')
 
 
 def check_sqlite_file(path: str, required_splits) -> None:
   """Raises UserInputError naming `path` unless it is an intact TFF dataset database."""
+  if os.path.isdir(path):
+    raise UserInputError(f'{path} is a directory, not the TFF dataset file')
   if not os.path.isfile(path):
     raise UserInputError(
         f'{path} not found: put the TFF dataset file there (as downloaded by '
         'tff.simulation.datasets) or omit --data_dir to use the embedded dataset; '
         'no download is attempted')
-  with open(path, 'rb') as f:
-    header = f.read(100)
+  try:
+    with open(path, 'rb') as f:
+      header = f.read(100)
+  except OSError as e:
+    raise UserInputError(f'{path} cannot be read ({e.strerror})') from None
   if len(header) < 100 or not header.startswith(_SQLITE_MAGIC):
     raise UserInputError(f'{path} is not an SQLite database (corrupt or wrong file)')
   # SQLite's header records the database size in pages (offset 28) and page size (offset 16).

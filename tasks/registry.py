@@ -21,6 +21,8 @@ class TaskSpec:
   # The builder's own options: keyword -> the setting that gives it (a field of
   # `TaskSettings`: a flag and a config.json key).
   options: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  # The token-frequency side information it has public counts and a model for.
+  side_info: tuple = ()
 
 
 TASKS = {
@@ -33,7 +35,8 @@ TASKS = {
     'stackoverflow_tag': TaskSpec(
         'StackOverflow tag prediction, logistic regression', 'stackoverflow',
         'build_tag_prediction', 'stackoverflow',
-        {'word_vocab_size': 'so_vocab_size', 'tag_vocab_size': 'so_tag_vocab_size'}),
+        {'word_vocab_size': 'so_vocab_size', 'tag_vocab_size': 'so_tag_vocab_size'},
+        side_info=('word_freq', 'tag_freq')),
 }
 TASK_NAMES = tuple(TASKS)
 

@@ -32,6 +32,7 @@ from typing import Iterable, Iterator, Mapping, Sequence, Tuple, Union
 import numpy as np
 import tensorflow as tf
 
+from tasks import data_files
 from tasks import emnist as emnist_task
 from tasks import registry
 from tasks import stackoverflow as so_task
@@ -43,7 +44,7 @@ DEFAULT_SIZES = {
     'stackoverflow': dict(num_train_clients=60, examples_per_client=40, num_test_clients=20,
                           num_heldout_clients=10),
 }
-_MARKER = '.tff_dp_embedded_v2_{}'   # v2: StackOverflow test clients are training users.
+_MARKER = data_files.EMBEDDED_MARKER
 # The real datasets' client counts (TFF's StackOverflow: 342,477 train / 38,758 heldout /
 # 204,088 test clients; EMNIST: 3,400 writers in both splits) with few examples per client, so
 # that the population, not the data volume, is what is full-size.

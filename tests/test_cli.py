@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import tasks  # noqa: F401  (registers the tasks and their settings section, as the CLI does)
+from run_helpers import REPO
 from run_helpers import script
 from run_helpers import script_env
 from tff_dp import sections
@@ -176,19 +177,84 @@ def test_the_program_sets_the_collector_thresholds_and_importing_it_does_not():
   gc_thresholds: the collector's share of start-up); importing run_experiment (as the tests'
   in-process runs do) leaves the process's own."""
   program = """
-import gc, runpy, sys
+import atexit, gc, runpy, sys
 default = gc.get_threshold()
 import run_experiment
 imported = gc.get_threshold()
 sys.argv = ['run_experiment.py', '--helpshort']
-try:
-  runpy.run_path(run_experiment.__file__, run_name='__main__')
-except SystemExit as e:
-  print(e.code, default, imported, gc.get_threshold(), 'tensorflow' in sys.modules, sep=';')
+# The program ends its process itself (cli_flags.exit_now), after the at-exit handlers.
+atexit.register(lambda: print(default, imported, gc.get_threshold(),
+                              'tensorflow' in sys.modules, sep=';', flush=True))
+runpy.run_path(run_experiment.__file__, run_name='__main__')
 """
   done = subprocess.run([sys.executable, '-c', program], env=script_env(), capture_output=True,
                         text=True, timeout=300)
   assert done.returncode == 0, done.stderr[-2000:]
-  code, default, imported, program_set, tensorflow = done.stdout.splitlines()[-1].split(';')
-  assert code == '0' and imported == default == str((700, 10, 10))   # CPython's defaults.
+  default, imported, program_set, tensorflow = done.stdout.splitlines()[-1].split(';')
+  assert imported == default == str((700, 10, 10))   # CPython's defaults.
   assert program_set == str(gc_thresholds.THRESHOLDS) != default and tensorflow == 'False'
+
+
+@pytest.fixture(scope='module')
+def emnist_40(tmp_path_factory):
+  """A TFF-format EMNIST cache of 40 training clients, 10 of them with test data."""
+  from tasks import synthetic_data  # pylint: disable=g-import-not-at-top
+  data_dir = tmp_path_factory.mktemp('emnist_40')
+  synthetic_data.write_emnist_cache(str(data_dir), num_train_clients=40, examples_per_client=3,
+                                    seed=0, num_test_clients=10)
+  return data_dir
+
+
+SIZE_REFUSALS = [   # Issue 51, item 3: each took 10-20 s, after TensorFlow.
+    (['--clients_per_round=100000'], 'error: --clients_per_round=100000 exceeds the 40 '
+                                     'training clients'),
+    (['--delta=0.05'], 'error: --delta=0.05 is not below 1/population = 1/40'),
+    (['--num_canaries=2', '--delta=0.05'], 'error: --delta=0.05 is not below 1/population = '
+                                           '1/42'),
+    (['--eval_data=holdout', '--eval_holdout_clients=5000'],
+     'error: --eval_holdout_clients=5000 must be in [1, 10): held out from 10 clients'),
+    (['--eval_data=holdout', '--eval_holdout_clients=5', '--clients_per_round=36'],
+     'error: --clients_per_round=36 exceeds the 35 training clients'),
+    (['--max_train_clients=20', '--clients_per_round=30'],
+     'error: --clients_per_round=30 exceeds the 20 training clients'),
+    (['--dp=blt', '--client_sampling=min_separation', '--min_separation=100000'],
+     'error: --min_separation=100000: the sampler visits each client every 4 rounds'),
+    (['--dp=blt', '--client_sampling=min_separation', '--max_participations=1',
+      '--total_rounds=100'],
+     'error: --max_participations=1: over 100 rounds a client participates up to 25 times'),
+    (['--precondition=client', '--side_info=word_freq'],
+     "error: --side_info=word_freq is not side information of task 'emnist'"),
+    (['--embedded_data_dir=README.md', '--data_dir='], None),   # Below: a file, not a dir.
+    (['--root_output_dir=/proc/runs'], 'error: --root_output_dir /proc/runs is not writable: '
+                                       '/proc refuses new directories'),
+]
+
+
+@pytest.mark.parametrize('args,message', SIZE_REFUSALS)
+def test_what_the_population_decides_is_refused_before_tensorflow(args, message, emnist_40,
+                                                                  tmp_path):
+  """The population's size from the task's client ids, read without TensorFlow: each refusal
+  in under a second's work, with the message the run gives once its task is built."""
+  base = ['--task=emnist', '--dp=fixed', '--clip=1', '--noise_multiplier=1',
+          '--clients_per_round=10', f'--data_dir={emnist_40}',
+          f'--root_output_dir={tmp_path / "runs"}']
+  if args[0].startswith('--embedded_data_dir'):
+    base = [a for a in base if not a.startswith('--data_dir')]
+    args = [f'--embedded_data_dir={os.path.join(REPO, "README.md")}']
+    message = f'error: --embedded_data_dir {os.path.join(REPO, "README.md")}: '
+  code, out, err = _run_main(base + args, tmp_path)
+  assert code == 2, err
+  assert len(_error_lines(err)) == 1 and _error_lines(err)[0].startswith(message), err
+  assert 'tensorflow imported: False' in out
+  assert not (tmp_path / 'runs').exists()
+
+
+def test_the_client_ids_read_without_tensorflow_are_the_loaders(emnist_40):
+  """`tasks.client_ids` lists what TFF's own loader lists, in its order (the population's
+  first `max_train_clients` are the same clients)."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  import tasks as tasks_lib  # pylint: disable=g-import-not-at-top
+  train, test = tff.simulation.datasets.emnist.load_data(only_digits=False,
+                                                        cache_dir=str(emnist_40))
+  assert tasks_lib.client_ids('emnist', str(emnist_40)) == (train.client_ids, test.client_ids)
+  assert len(train.client_ids) == 40 and len(test.client_ids) == 10

@@ -110,6 +110,11 @@ def test_the_settings_a_resume_may_change_are_the_same_as_before():
     (dict(dp='none', experiment_name='a/b'), '`experiment_name` must be a plain non-empty'),
     (dict(dp='none', paper_results={'accuracy': 'high'}), '`paper_results` must map'),
     (dict(dp='none', clip_norm=1.0), 'unknown setting(s) `clip_norm`'),
+    (dict(dp='none', rerun_released_rounds=True), '`rerun_released_rounds` applies to a '
+                                                  '`resume` only'),
+    (dict(dp='ftrl', clip=1.0, noise_multiplier=1.0, client_sampling='shuffled', resume=True,
+          rerun_released_rounds=True),
+     '`rerun_released_rounds` cannot apply to `dp=ftrl`'),
 ])
 def test_bad_settings_are_refused_naming_the_setting(settings, message):
   with pytest.raises(UserInputError) as raised:
@@ -202,3 +207,27 @@ def test_run_names_a_config_of_the_wrong_type():
   import tff_dp   # pylint: disable=g-import-not-at-top
   with pytest.raises(UserInputError, match='`run` takes an ExperimentConfig, got str'):
     tff_dp.run('not a config')
+
+
+def test_a_section_of_the_wrong_type_is_named_before_the_defaults_are_judged():
+  """Issue 51, item 5: `ExperimentConfig(task='emnist')` said "dp=adaptive needs clip", the
+  default DP section's own incompleteness hiding the wrong type; a config still needs its clip."""
+  with pytest.raises(UserInputError, match=r"^`task` must be a TaskConfig, got 'emnist'"):
+    ExperimentConfig(task='emnist')
+  with pytest.raises(UserInputError, match='`dp=adaptive` needs `clip`'):
+    ExperimentConfig(task=config_lib.TaskConfig(name='emnist'))
+  assert config_lib.DPConfig().kind == 'adaptive'   # A section the user completes.
+  done = ExperimentConfig(dp=config_lib.DPConfig(clip=1.0, noise_multiplier=0.5))
+  assert done.dp.clip == 1.0
+
+
+def test_rerunning_released_rounds_holds_for_the_resume_it_is_given_to():
+  """Issue 51, item 1: config.json of a resume that re-executed rounds records the choice; the
+  next resume does not take it from there."""
+  recorded = json.loads(json.dumps(ExperimentConfig.from_settings(
+      dp='fixed', clip=1.0, noise_multiplier=1.0, experiment_name='x', resume=True,
+      rerun_released_rounds=True).settings()))   # As config.json holds it.
+  assert recorded['rerun_released_rounds'] is True
+  assert config_lib.resumed(recorded, {}).output.rerun_released_rounds is False
+  assert config_lib.resumed(recorded, {'rerun_released_rounds': True}).output.rerun_released_rounds
+  assert preflight.resume_changes(recorded, config_lib.resumed(recorded, {})) == {}

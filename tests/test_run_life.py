@@ -93,8 +93,10 @@ def test_reproduce_refuses_paths_it_cannot_use_before_any_arm_runs(tmp_path):
   a_file = tmp_path / 'a_file'
   a_file.write_text('')
   for args, message in (
-      ([f'--root_output_dir={a_file}'], f'{a_file} is not a directory'),
-      ([f'--root_output_dir={a_file}/runs'], f'{a_file} is not a directory'),
+      ([f'--root_output_dir={a_file}'], f'{a_file} is a file, not a directory'),
+      ([f'--root_output_dir={a_file}/runs'], f'{a_file} is a file, not a directory'),
+      # Issue 51, item 3: generated data and started four arms before failing (81 s).
+      (['--root_output_dir=/proc/tables'], '/proc refuses new directories'),
       (['--experiments_dir=/nonexistent'], '--experiments_dir /nonexistent is not a directory')):
     code, _, err = main_in_process('reproduce.py', ['--table=all'] + args)
     assert code == 2 and err.startswith('error: ') and message in err, err
@@ -267,6 +269,18 @@ def test_a_resume_whose_state_is_missing_is_refused_before_tensorflow(tag_task, 
     assert out.returncode == 2 and lines[-1] == 'no tensorflow', (name, out.stderr)
     assert lines[0].startswith('error: ') and message in lines[0], (name, lines[0])
   assert _listing(tmp_path) == before
+  # Re-executing released rounds is an explicit choice, and the console counts what it charges.
+  from run_helpers import main_in_process  # pylint: disable=g-import-not-at-top
+  from tff_dp import ledger as ledger_lib  # pylint: disable=g-import-not-at-top
+  code, out, err = main_in_process('run_experiment.py', [
+      '--resume', '--total_rounds=3', '--rerun_released_rounds',
+      f'--root_output_dir={tmp_path / "runs"}', '--experiment_name=no_checkpoints'])
+  assert code == 0, err[-2000:]
+  assert 'rounds 1-2 released metrics after the last checkpoint (round 0)' in out, out
+  assert 're-executing them charges 2 round(s) again' in out, out
+  rounds = [r.round_num for r in ledger_lib.read_ledger(
+      str(tmp_path / 'runs' / 'no_checkpoints' / 'ledger.jsonl'))]
+  assert rounds == [1, 2, 1, 2, 3], rounds   # Charged twice, as announced.
 
 
 @pytest.mark.slow   # An end-to-end run: not in `make test-fast`.

@@ -196,6 +196,41 @@ def test_bad_database_is_one_clear_error(tmp_path, damage):
   assert '\n' not in str(e.value)
 
 
+def _deny(monkeypatch, path, kind):
+  """`path` unreadable to this process: by its mode, or, for root (whom modes do not stop),
+  by the failure the system would give."""
+  if os.geteuid() != 0:
+    os.chmod(path, 0)
+    return
+  if kind == 'dir':
+    monkeypatch.setattr(data_files.os, 'access', lambda p, mode: os.fspath(p) != str(path))
+  else:
+    def denied(p, *a, **k):
+      if os.fspath(p) == str(path):
+        raise PermissionError(13, 'Permission denied', str(p))
+      return open(p, *a, **k)
+    monkeypatch.setattr(data_files, 'open', denied, raising=False)
+
+
+@pytest.mark.parametrize('case', ['file_unreadable', 'dir_unreadable', 'file_is_a_dir'])
+def test_an_unreadable_data_file_or_directory_is_named_as_such(tmp_path, monkeypatch, case):
+  """A new user's trial: an unreadable emnist_all.sqlite gave a PermissionError traceback, and
+  an unreadable directory or a directory in the file's place was "not found"."""
+  data_dir = tmp_path / 'data'
+  data_dir.mkdir()
+  if case == 'file_is_a_dir':
+    (data_dir / 'emnist_all.sqlite').mkdir()
+    expected = 'emnist_all.sqlite is a directory'
+  else:
+    path = synthetic_data.write_emnist_cache(str(data_dir), 2, 3, seed=0)
+    _deny(monkeypatch, data_dir if case == 'dir_unreadable' else path,
+          'dir' if case == 'dir_unreadable' else 'file')
+    expected = 'cannot be read'
+  with pytest.raises(UserInputError, match=expected) as e:
+    data_files.check_task_data('emnist', str(data_dir))
+  assert 'not found' not in str(e.value)
+
+
 def test_check_sqlite_file_accepts_generated(tmp_path):
   path = synthetic_data.write_emnist_cache(str(tmp_path), 2, 3, seed=0)
   data_files.check_sqlite_file(path, ('all_train', 'all_test'))

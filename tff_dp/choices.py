@@ -105,6 +105,8 @@ SIDE_INFO = {
     'public_clients': 'second moments on `num_public_clients` held-out clients',
     'file:PATH': 'a .npy/.npz file',
 }
+# The `side_info` choices read from a task's public token counts (a task declares which it has).
+TOKEN_SIDE_INFO = ('word_freq', 'tag_freq')
 
 # `train_on_aggregate` (`tff_dp.checkpoint_aggregation`).
 TRAIN_ON_AGGREGATE = {

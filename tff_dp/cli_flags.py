@@ -5,11 +5,12 @@ process, parse the global FLAGS and offer no way to report bad input as one `err
 exit code 2), so `--help` is handled here: the module's usage text and every flag with its help.
 """
 
+import atexit
 import os
 import re
 import signal
 import sys
-from typing import Collection, Optional
+from typing import Collection, NoReturn, Optional
 
 from absl import flags
 
@@ -89,3 +90,21 @@ def run_program(main, argv, kept: str) -> int:
     print(f'stopped by SIGINT (Ctrl-C): {kept}', file=sys.stderr)
     return 130
 
+
+
+def exit_now(code: int) -> NoReturn:
+  """Ends this process with `code` after its at-exit handlers (TFF workers stopped, logs
+  flushed) and a flush of stdout and stderr, without the interpreter's teardown.
+
+  Why: once a TensorFlow program has written and closed its last output, tearing down
+  TensorFlow's modules and native state still takes about 2 s on an idle 2-core machine, and
+  several times that under load, while a stopped run must end within seconds of its Ctrl-C.
+  Only for a command's last line, when every file it wrote is closed.
+  """
+  atexit._run_exitfuncs()   # pylint: disable=protected-access  (the public hook is exit itself)
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except (OSError, ValueError):   # A closed pipe: nothing left to say on it.
+      pass
+  os._exit(code)   # pylint: disable=protected-access

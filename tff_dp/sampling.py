@@ -446,15 +446,21 @@ def holdout_key(seed: Optional[int]) -> bytes:
   return hashlib.sha256(b'tff_dp.sampling.hold_out seed %d' % _check_seed(seed)).digest()
 
 
+def check_holdout_count(count: int, candidates: int) -> None:
+  """Refuses holding out `count` of `candidates` clients unless at least one is held out and
+  one is left."""
+  if not 1 <= count < candidates:
+    raise errors.UserInputError(f'`eval_holdout_clients={count}` must be in [1, {candidates}): '
+                                f'held out from {candidates} clients (those with test data)')
+
+
 def hold_out(client_ids: Sequence[Hashable], count: int, key: bytes
              ) -> tuple[List[Hashable], List[Hashable]]:
   """(held out, the rest, both in population order): the `count` clients with the smallest
   keyed BLAKE2b values of their ids. A function of the key and the ids only (not of their
   order), so a resume holds out the same clients; unpredictable without the key."""
   ids = _check_population(client_ids)
-  if not 1 <= count < len(ids):
-    raise errors.UserInputError(f'`eval_holdout_clients={count}` must be in [1, {len(ids)}): '
-                                f'held out from {len(ids)} clients (those with test data)')
+  check_holdout_count(count, len(ids))
   values = [hashlib.blake2b(str(cid).encode('utf-8'), key=key, digest_size=16).digest()
             for cid in ids]
   chosen = set(np.argsort(np.array(values, dtype=object), kind='stable')[:count].tolist())

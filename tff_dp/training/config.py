@@ -92,7 +92,9 @@ class ExperimentConfig:
   def __post_init__(self):
     for name, cls in SECTIONS.items():
       if not isinstance(getattr(self, name), cls):
-        raise UserInputError(f'`{name}` must be a {cls.__name__}, got {getattr(self, name)!r}')
+        raise UserInputError(
+            f'`{name}` must be a {cls.__name__}, got {getattr(self, name)!r} (flat settings by '
+            'name: `ExperimentConfig.from_settings(...)`)')
     registered = sections.plug_ins()
     for name, section in self.plug_ins.items():
       if name not in registered or not isinstance(section, registered[name]):
@@ -119,6 +121,7 @@ class ExperimentConfig:
   def validate(self) -> None:
     """Raises UserInputError for settings that contradict each other across sections (each
     section checked its own when built)."""
+    self.dp.check_complete()
     dp = self.dp.kind
     if dp != 'none' and self.training.weighting != 'uniform':
       raise UserInputError(
@@ -162,6 +165,12 @@ class ExperimentConfig:
       if self.runtime.datasets_on_workers:
         raise UserInputError('`num_canaries` does not work with `datasets_on_workers` (a '
                              'canary has no client id the workers could build data for)')
+    if (mechanism is not None and mechanism.noise != 'independent'
+        and self.output.rerun_released_rounds):
+      raise UserInputError(
+          f'`rerun_released_rounds` cannot apply to `dp={dp}`: a re-executed round reuses its '
+          'noise state, which the accounting does not cover; restore checkpoints/ or start a '
+          'new run')
     if (mechanism is not None and mechanism.noise != 'independent'
         and self.output.rounds_per_checkpoint not in (None, 1)):
       raise UserInputError(
@@ -283,7 +292,7 @@ def resumed(recorded: Mapping[str, Any], given: Mapping[str, Any]) -> 'Experimen
   top (a resume may change only `RESUMABLE_SETTINGS`; `tff_dp.training.experiment` refuses the
   rest), so that resuming needs only where the run is."""
   fields = _fields()
-  settings = {k: v for k, v in recorded.items() if k in fields}
+  settings = {k: v for k, v in recorded.items() if k in fields and k not in PER_INVOCATION}
   settings.update(given)
   return ExperimentConfig.from_settings(settings, resume=True)
 
@@ -293,6 +302,10 @@ def _fields() -> dict[str, tuple[str, str]]:
   return {setting_name(f): (section, f.name)
           for section, cls in all_sections().items() for f in dataclasses.fields(cls)}
 
+
+# Settings that hold for the invocation they are given to: a resume never takes them from the
+# record (a later resume re-executes no released round unless asked again).
+PER_INVOCATION = ('resume', 'rerun_released_rounds')
 
 # Settings a resumed run may change (cadence, stopping, reporting, execution and the paper
 # notes; never a plug-in's: `sections.register`); any other change would make the resumed run

@@ -162,6 +162,15 @@ class DPConfig(Section):
       if self.noise_multiplier not in (None, 0.0):
         raise UserInputError('`noise_multiplier` needs DP: set '
                              f'`dp={"|".join(mechanisms.MECHANISMS)}`')
+
+  def check_complete(self) -> None:
+    """Raises UserInputError unless DP has what it calibrates to (the clip and the noise).
+
+    Checked by the whole config, after its sections' types, not when this section is built:
+    the defaults (`dp=adaptive`, no clip) are a section a user completes, and a config built
+    with a wrong section type should hear of the type first.
+    """
+    if self.kind == mechanisms.NO_DP:
       return
     if self.clip is None:
       raise UserInputError(
@@ -330,6 +339,11 @@ class OutputConfig(Section):
       False, 'Continue the run in ROOT_OUTPUT_DIR/EXPERIMENT_NAME from its checkpoint, with the '
       'settings its config.json recorded (flags given with it override those a resume may '
       'change).')
+  rerun_released_rounds: bool = setting(
+      False, 'With `resume`: re-execute the rounds a run released after its last remaining '
+      'checkpoint (its checkpoints were removed). Each is charged to the ledger again, and the '
+      'console says how many; without it such a resume is refused. Independent noise only. '
+      'Holds for the resume it is given to (never read from config.json).')
   rounds_per_eval: int = setting(1, 'Evaluate every N rounds.', check=_at_least(1),
                                  resumable=True)
   rounds_per_checkpoint: Optional[int] = setting(
@@ -355,6 +369,9 @@ class OutputConfig(Section):
       'statement, to publish as it is.')
 
   def _check(self):
+    if self.rerun_released_rounds and not self.resume:
+      raise UserInputError('`rerun_released_rounds` applies to a `resume` only: a new run '
+                           'has no released rounds')
     if self.eval_holdout_clients is not None and self.eval_data != 'holdout':
       raise UserInputError('`eval_holdout_clients` is the size of the held-out evaluation set '
                            f'of `eval_data=holdout`, not of `eval_data={self.eval_data}`; give '

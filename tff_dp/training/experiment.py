@@ -27,9 +27,9 @@ from tff_dp import sampling
 from tff_dp.aggregators import noise_feed
 from tff_dp.canaries import insertion as canary_insertion
 from tff_dp.canaries import scores as canary_scores
-from tff_dp.errors import UserInputError
 from tff_dp.run_format import release
 from tff_dp.training import config as config_lib
+from tff_dp.training import population as population_lib
 from tff_dp.training import preflight
 from tff_dp.training.builders import build_evaluation
 from tff_dp.training.builders import build_privacy
@@ -88,22 +88,6 @@ def run(cfg: ExperimentConfig, task, *, log=print,
     return dataclasses.replace(summary, run_dir=run_dir.path)
 
 
-def _train_ids(cfg: ExperimentConfig, task) -> tuple[list, list]:
-  """(AdaDPS's public client ids, the training ids): `max_train_clients` of the task's
-  training clients, less the public ones (the paper's OOD setting)."""
-  train_ids = list(task.train_data.client_ids)
-  limit = cfg.task.max_train_clients
-  if limit is not None:
-    if limit > len(train_ids):
-      raise UserInputError(f'`max_train_clients={limit}` exceeds the '
-                           f'{len(train_ids)} training clients')
-    train_ids = train_ids[:limit]
-  if cfg.adadps.precondition != 'none' and cfg.adadps.side_info == 'public_clients':
-    n = cfg.adadps.num_public_clients
-    return train_ids[:n], train_ids[n:]
-  return [], train_ids
-
-
 @contextlib.contextmanager
 def _callers_random_states():
   """Gives the caller's Python, NumPy and TensorFlow random states back when the run ends: the
@@ -144,7 +128,7 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
     preflight.check_rounds_left(run_dir.path, config.training.total_rounds)
   tf.keras.utils.set_random_seed(config.training.seed)
 
-  public_ids, train_ids = _train_ids(config, task)
+  public_ids, train_ids = population_lib.split_public(config, task.train_data.client_ids)
   evaluation_data, train_ids = build_evaluation.choose(
       config.output, config.sampling.sampling_seed, resume, task, train_ids,
       run_dir.secret_file(build_evaluation.HOLDOUT_KEY_FILE))

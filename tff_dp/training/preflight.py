@@ -1,5 +1,6 @@
 """Every refusal a run can make without TensorFlow, made before it is imported: the data
-files, the run directory (its name, whether it exists, whether it can be created, its lock),
+files, what the population's size decides (when the task lists its clients without
+TensorFlow), the run directory (its name, whether it exists, whether it can be created, its lock),
 what a resume may change and whether it has rounds left, and the ledger a resume continues.
 
 The command line calls `check` right after parsing its flags, so each of these refusals comes
@@ -10,6 +11,7 @@ in about a second, with nothing written; `tff_dp.run` calls it too, and the run 
 import fcntl
 import json
 import os
+import tempfile
 from typing import Any, Optional
 
 from tff_dp import choices
@@ -19,6 +21,7 @@ from tff_dp import run_format
 from tff_dp.run_format import metrics_csv
 from tff_dp.errors import UserInputError
 from tff_dp.training import config as config_lib
+from tff_dp.training import population
 from tff_dp.training import task_registry
 from tff_dp.training.config import ExperimentConfig
 
@@ -35,8 +38,21 @@ def check(cfg: ExperimentConfig) -> None:
     raise UserInputError(f'`side_info={side_info}`: no such file (a .npy or .npz of the side '
                          'information)')
   task = task_registry.get(cfg.task.name)
+  if (cfg.adadps.precondition != 'none' and task.token_side_info is not None
+      and side_info in choices.TOKEN_SIDE_INFO and side_info not in task.token_side_info):
+    offered = (f'it offers {choices.one_of(sorted(task.token_side_info))}'
+               if task.token_side_info else 'it has no public token counts')
+    raise UserInputError(f'`side_info={side_info}` is not side information of task '
+                         f'{cfg.task.name!r}: {offered}; use public_clients or file:PATH')
   if cfg.task.data_dir is not None and task.check_data is not None:
     task.check_data(cfg.task.data_dir, **cfg.task_options())
+  if cfg.task.data_dir is None:
+    check_embedded_data_dir(cfg.task.embedded_data_dir)
+  if task.client_ids is not None:
+    ids = task.client_ids(cfg.task.data_dir, embedded_data_dir=cfg.task.embedded_data_dir,
+                          **cfg.task_options())
+    if ids is not None:
+      population.check_before_the_run(cfg, *ids)
   if cfg.output.experiment_name is None:   # A new, timestamped name: only the root matters.
     check_writable(cfg.output.root_output_dir)
     return
@@ -82,6 +98,22 @@ def check_writable(root: str) -> None:
   if not os.access(existing, os.W_OK | os.X_OK):
     raise UserInputError(f'`root_output_dir` {root} is not writable: {existing} refuses '
                          'writes (permission denied)')
+  try:   # Permissions say yes on /proc or /sys to root; only making a directory tells.
+    os.rmdir(tempfile.mkdtemp(prefix='.tff_dp_probe_', dir=existing))
+  except OSError as e:
+    raise UserInputError(f'`root_output_dir` {root} is not writable: {existing} refuses new '
+                         f'directories ({e.strerror or e})') from None
+
+
+def check_embedded_data_dir(path: str) -> None:
+  """Refuses an `embedded_data_dir` that is a file (the embedded dataset is generated into a
+  directory), before TensorFlow."""
+  existing = os.path.abspath(os.path.expanduser(path))
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise UserInputError(f'`embedded_data_dir` {path}: {existing} is a file, not a directory '
+                         '(the embedded dataset is generated into a directory)')
 
 
 def lock(path: str):
@@ -126,7 +158,8 @@ def resume_changes(recorded: dict[str, Any], cfg: ExperimentConfig,
   new = json.loads(json.dumps(   # JSON types, as recorded.
       settings_to_record(cfg, task_name if task_name is not None else cfg.task.name)))
   changes = {name: (recorded[name], value) for name, value in new.items()
-             if name in recorded and name != 'resume' and recorded[name] != value}
+             if name in recorded and name not in config_lib.PER_INVOCATION
+             and recorded[name] != value}
   mechanism = mechanisms.find(cfg.dp.kind)
   correlated = mechanism is not None and mechanism.noise == 'correlated'
   refused = {k: v for k, v in changes.items() if k not in RESUMABLE_CHANGES
@@ -208,10 +241,12 @@ def check_resume_state(path: str, cfg: ExperimentConfig) -> None:
   every = min(cfg.rounds_per_checkpoint,
               config_lib.resumed(config_lib.recorded_settings(path), {}).rounds_per_checkpoint)
   finished = os.path.exists(os.path.join(path, run_format.SUMMARY_FILE))
-  if last_released - checkpointed >= every or (finished and checkpointed < last_released):
+  removed = last_released - checkpointed >= every or (finished and checkpointed < last_released)
+  if removed and not cfg.output.rerun_released_rounds:
     raise UserInputError(
         f'`resume`: {path} released {last_released} rounds but holds a checkpoint of round '
         f'{checkpointed} only (one every {every} rounds, and the last of a finished run, is '
         f'written before its release, so checkpoints were removed): rounds '
         f'{checkpointed + 1}-{last_released} would be executed and charged again. Restore '
-        'checkpoints/, or start a new run (nothing was changed)')
+        'checkpoints/, give `rerun_released_rounds` to re-execute them (each charged again), '
+        'or start a new run (nothing was changed)')

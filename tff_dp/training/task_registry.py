@@ -28,12 +28,20 @@ class RegisteredTask:
   TFF cache in `data_dir`, or from an embedded dataset in `embedded_data_dir` when `data_dir`
   is None. `check_data(data_dir, **options)` refuses (UserInputError) a data directory the task
   cannot read, without TensorFlow, so the command line refuses it before anything is written.
+  `client_ids(data_dir, *, embedded_data_dir, **options)` returns the (training, test) client
+  ids `build` would load, in its order, read without TensorFlow, or None when they are not known
+  before the task is built (an embedded dataset not generated yet); the command line then checks
+  the population's size before TensorFlow (`population.check_before_the_run`).
+  `token_side_info`: the token-frequency side information (`side_info=word_freq|tag_freq`) the
+  task has public counts and a model for (None: not declared, found out when it is built).
   `options` maps each of the builder's own keywords to the flat setting that gives it (a
   setting of a plug-in section, `tff_dp.sections.register`).
   """
   help: str
   build: Callable[..., Any]
   check_data: Optional[Callable[..., None]] = None
+  client_ids: Optional[Callable[..., Optional[tuple[list, list]]]] = None
+  token_side_info: Optional[frozenset[str]] = None
   options: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 

@@ -26,7 +26,7 @@ def side_info_for_task(task, side_info: str, *, public_client_ids: Sequence[str]
   """Parses `side_info` (a SIDE_INFO_CHOICES entry) and builds the side information for `task`."""
   keras_model = task.keras_model_fn()
   shapes = si.weight_shapes_of(keras_model)
-  if side_info in ('word_freq', 'tag_freq'):
+  if side_info in choices.TOKEN_SIDE_INFO:
     attr, axis = ('word_counts', 0) if side_info == 'word_freq' else ('tag_counts', 1)
     counts = getattr(task, attr, None)
     if not counts:

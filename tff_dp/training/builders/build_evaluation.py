@@ -10,6 +10,7 @@ import tensorflow as tf
 from tff_dp import sampling
 from tff_dp.errors import UserInputError
 from tff_dp.training import config as config_lib
+from tff_dp.training import population as population_lib
 
 # The key choosing the held-out evaluation clients, kept under the run directory's secret/.
 HOLDOUT_KEY_FILE = 'holdout_key'
@@ -40,7 +41,7 @@ def choose(output: config_lib.OutputConfig, sampling_seed: Optional[int], resume
   if not candidates:
     raise UserInputError('`eval_data=holdout`: no client of the test split is in the training '
                          'population, so `eval_data=test` is already covered; use it')
-  count = output.eval_holdout_clients or max(1, min(1000, len(candidates) // 10))
+  count = population_lib.holdout_count(output.eval_holdout_clients, len(candidates))
   key, key_to_save = None, None
   if sampling_seed is None:
     key = sampling.load_key(key_path, what='holdout key')

@@ -22,6 +22,7 @@ from tff_dp.aggregators import noise_feed
 from tff_dp.aggregators import privacy_queries as privacy_queries_lib
 from tff_dp.errors import UserInputError
 from tff_dp.training import config as config_lib
+from tff_dp.training import population as population_lib
 from tff_dp.training.run_state import privacy_recorder
 
 # The run's secrets, kept in its secret/ folder (`tff_dp.run_format`): the permutation
@@ -67,7 +68,7 @@ def build_aggregator(dp: config_lib.DPConfig, clients_per_round: int,
   mechanism's own settings (`mechanism_settings`, by flat name; unset: the factory's defaults).
 
   `rounds_per_epoch`: the tree factories restart after every epoch of the shuffled sampler;
-  for correlated noise, the sampler's cycle (`correlated_schedule`). `amplified`: the sampler
+  for correlated noise, the sampler's cycle (`population.correlated_schedule`). `amplified`: the sampler
   is cyclic Poisson (amplified BandMF). `noise_scale`: what every query's noise is multiplied
   by (a noise cohort's m / M; the noise multiplier and clipped-count stddev the settings give
   are the production run's)."""
@@ -83,7 +84,7 @@ def build_aggregator(dp: config_lib.DPConfig, clients_per_round: int,
   if mechanism.noise == 'tree':
     tree_options['rounds_per_epoch'] = rounds_per_epoch
   if mechanism.noise == 'correlated':
-    tree_options.update(correlated_schedule(own, rounds_per_epoch, total_rounds),
+    tree_options.update(population_lib.correlated_schedule(own, rounds_per_epoch, total_rounds),
                         amplified=amplified)
   # The mechanism's own settings that have a value (`restart_warmup`, ...); the correlated
   # schedule's were planned above.
@@ -96,40 +97,12 @@ def build_aggregator(dp: config_lib.DPConfig, clients_per_round: int,
       adaptive=adaptive, noise_allocation=dp.noise_allocation, **tree_options)
 
 
-def correlated_schedule(own: Mapping[str, Any], cycle: int, total_rounds: int) -> dict:
-  """The schedule a correlated-noise strategy is planned for: the min-separation sampler
-  visits each client every `cycle` rounds, so at least `cycle` rounds apart and at most
-  ceil(total_rounds / cycle) times; the mechanism's own settings (`own`) `min_separation` may
-  only lower the first, and `max_participations` only raise the second (a weaker claim is
-  still true)."""
-  needed = math.ceil(total_rounds / cycle)
-  separation = own.get('min_separation') or cycle
-  participations = own.get('max_participations') or needed
-  if separation > cycle:
-    raise UserInputError(
-        f'`min_separation={separation}`: the sampler visits each client every {cycle} rounds '
-        f'(population // clients_per_round); use `min_separation` <= {cycle}, or fewer '
-        'clients per round')
-  if participations < needed:
-    raise UserInputError(
-        f'`max_participations={participations}`: over {total_rounds} rounds a client '
-        f'participates up to {needed} times (every {cycle} rounds); use '
-        f'`max_participations` >= {needed} or fewer rounds')
-  return dict(rounds=total_rounds, min_separation=separation,
-              max_participations=participations, bands=own.get('bands'))
-
-
 def _sampler(cfg: config_lib.SamplingConfig, client_ids, key_path: str, resume: bool,
              groups: Optional[int]):
   """The configured sampler (`groups`: cyclic Poisson's); a permutation sampler's secret key is
   read from `key_path` on resume (a new key mid-epoch would let clients participate twice in
   the epoch)."""
-  population = len(client_ids)
-  if population == 0:
-    raise UserInputError('the training data has no clients')
-  if cfg.clients_per_round > population:
-    raise UserInputError(f'`clients_per_round={cfg.clients_per_round}` exceeds the '
-                         f'{population} training clients')
+  population_lib.check_sample_size(cfg.clients_per_round, len(client_ids))
   key = None
   if cfg.client_sampling in choices.PERMUTATION_SAMPLERS and cfg.sampling_seed is None:
     key = sampling.load_key(key_path)

@@ -114,7 +114,7 @@ def side_information(adadps: config_lib.AdaDPSConfig) -> Optional[str]:
   """What the privacy statement says of AdaDPS side information (None without AdaDPS)."""
   if adadps.precondition == 'none':
     return None
-  if adadps.side_info in ('word_freq', 'tag_freq'):
+  if adadps.side_info in choices.TOKEN_SIDE_INFO:
     return (f'AdaDPS side information ({adadps.side_info}): counts over the whole dataset, the '
             'training clients\' own data included, used as public (as in the AdaDPS paper); '
             'not covered by the DP guarantee')

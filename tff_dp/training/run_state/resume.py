@@ -65,10 +65,11 @@ def reconcile_ledger(ledger: ledger_lib.PrivacyLedger, run_dir, checkpoint_round
     log(f'ledger: {len(unreleased)} record(s) of rounds that released no output moved to '
         f'{UNRELEASED_LEDGER}; those rounds are re-executed')
     records = ledger_lib.read_ledger(ledger.path, ledger.mac_key, ledger.seal_path)
-  if any(r.round_num > checkpoint_round for r in records):
-    log('ledger: rounds after the checkpoint released metrics before the run ended without '
-        'checkpointing them (a crash or a kill); they stay counted and their re-execution is '
-        'counted again (conservative; with a sampling seed, as the same sample released '
-        'twice)')
+  again = sorted({r.round_num for r in records if r.round_num > checkpoint_round})
+  if again:
+    log(f'ledger: rounds {again[0]}-{again[-1]} released metrics after the last checkpoint '
+        f'(round {checkpoint_round}); they stay counted, and re-executing them charges '
+        f'{len(again)} round(s) again (conservative; with a sampling seed, as the same sample '
+        'released twice)')
   return ledger, records
 
