@@ -228,3 +228,36 @@ def test_a_mechanism_with_a_sampler_it_has_no_proof_for_is_refused_in_one_line(k
   args = [f'--dp={kind}', '--clip=0.1', '--noise_multiplier=1', f'--client_sampling={sampler}',
           f'--root_output_dir={tmp_path}']
   _check_refused('run_experiment.py', args, 'client_sampling', tmp_path)
+
+
+def _settings_of_other_mechanisms():
+  """Every (mechanism's own setting, a dp kind that does not take it), from the declarations
+  (`Mechanism.settings`): values valid alone, given together they would be ignored."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from tff_dp import mechanisms  # pylint: disable=g-import-not-at-top
+  owned = {}
+  for kind, mechanism in mechanisms.MECHANISMS.items():
+    for section in mechanism.settings:
+      for field in dataclasses.fields(section):
+        if field.default is None:   # Unset unless given: a value says it was given.
+          owned.setdefault(config_lib.setting_name(field), set()).add(kind)
+  return [(name, kind) for name, kinds in sorted(owned.items())
+          for kind in mechanisms.MECHANISMS if kind not in kinds]
+
+
+_OTHERS = _settings_of_other_mechanisms()
+
+
+def test_the_mechanisms_own_settings_give_many_incompatible_pairs():
+  assert len(_OTHERS) >= 10 and ('bands', 'fixed') in _OTHERS and ('bands', 'bandmf') not in [
+      (n, k) for n, k in _OTHERS]
+
+
+@pytest.mark.parametrize('name, kind', _OTHERS, ids=[f'{n}-{k}' for n, k in _OTHERS])
+def test_a_mechanisms_own_setting_with_another_mechanism_is_refused_in_one_line(name, kind,
+                                                                                tmp_path):
+  """Issue 51, item 4: pairs valid one by one, incompatible together, generated from which
+  mechanism declares which setting."""
+  args = [f'--dp={kind}', '--clip=0.1', '--noise_multiplier=1', f'--{name}=2',
+          f'--root_output_dir={tmp_path}']
+  _check_refused('run_experiment.py', args, name, tmp_path)

@@ -77,3 +77,38 @@ def test_the_worker_stops_at_the_first_ctrl_c():
   code, _, seconds = _interrupt(['-m', 'tff_dp.worker', f'--port={port}'], after=1,
                                 ready='serving on port')
   assert code in (130, -signal.SIGINT) and seconds < STOP_SECONDS, code
+
+
+@pytest.mark.slow   # An arm's run: not in `make test-fast`.
+def test_reproduce_stops_its_arm_at_the_first_ctrl_c_and_starts_no_later_one(tmp_path):
+  """The trial: each Ctrl-C to reproduce.py (or its group) stopped one arm and the next started.
+  A terminal's Ctrl-C reaches reproduce.py alone (each arm has its own process group); it
+  stops the arm as a run stops, with its completed rounds kept, and ends the table."""
+  root = tmp_path / 'tables'
+  proc = subprocess.Popen(
+      [sys.executable, 'reproduce.py', '--table=andrew2021_emnist', '--scale=smoke',
+       '--arms=fixed_clip0.1,fixed_clip0.3', f'--root_output_dir={root}',
+       '--extra_flags=--total_rounds=200'],
+      cwd=REPO, env=script_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      start_new_session=True)
+  seen = []
+  for line in proc.stdout:   # The first arm under way: its round 1 done.
+    seen.append(line)
+    if 'round    1/200' in line:
+      break
+  assert proc.poll() is None, ''.join(seen) + proc.stderr.read()
+  os.killpg(proc.pid, signal.SIGINT)   # As a terminal sends it: to the foreground group.
+  start = time.monotonic()
+  try:
+    out, err = proc.communicate(timeout=60)
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise AssertionError(f'still running 60 s after the signal: {"".join(seen)}')
+  seconds = time.monotonic() - start
+  assert proc.returncode == 130, err[-2000:]
+  assert 'stopped by SIGINT (Ctrl-C): the arm under way kept its completed rounds' in err, err
+  assert seconds < STOP_SECONDS + 5, seconds   # The arm finishes its round first.
+  runs = [d for d in os.listdir(root / 'andrew2021_emnist-smoke' / 'runs')]
+  assert len(runs) == 1 and runs[0].startswith('fixed_clip0.1'), runs   # No later arm.
+  arm = root / 'andrew2021_emnist-smoke' / 'runs' / runs[0]
+  assert os.path.exists(arm / 'ledger.jsonl') and not os.path.exists(arm / 'summary.json')

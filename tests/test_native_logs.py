@@ -121,3 +121,20 @@ def test_a_run_through_the_api_prints_only_its_own_lines_unless_asked():
   assert quiet == '', quiet[:2000]
   assert 'round    1/1' in done.stdout
   assert any(' tensorflow/' in line and '] ' in line for line in loud.splitlines()), loud[:2000]
+
+
+def test_the_documented_line_silences_tensorflows_own_lines_for_a_pipeline():
+  """README and docs/PYTHON_API.md tell a pipeline user to start Python with
+  TF_CPP_MIN_LOG_LEVEL=2 (issue 51, item 6): with it, importing TensorFlow and running an op
+  prints no native record; without it, it does (so the check can fail)."""
+  from tff_dp.execution import native_logs  # pylint: disable=g-import-not-at-top
+  program = 'import tensorflow as tf; print(float(tf.reduce_sum(tf.ones([3]))))'
+
+  def native_lines(env):
+    done = subprocess.run([sys.executable, '-c', program], env=env, capture_output=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == b'3.0', done.stderr[-2000:]
+    return [l for l in done.stderr.splitlines() if native_logs.is_native_record(l)]
+  env = {k: v for k, v in run_helpers.script_env().items() if k != 'TF_CPP_MIN_LOG_LEVEL'}
+  assert native_lines(env)
+  assert native_lines(dict(env, TF_CPP_MIN_LOG_LEVEL='2')) == []

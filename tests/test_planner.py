@@ -92,7 +92,8 @@ def test_bad_plans_are_refused_before_anything_is_written(args, message, tmp_pat
   assert os.listdir(tmp_path) == []
 
 
-def test_each_panel_is_named_as_the_tables_rows_name_its_mechanism(tmp_path, monkeypatch):
+def _kept_figures(monkeypatch) -> list:
+  """The planner's figures, in the order drawn, kept to read."""
   from tff_dp.accounting import plan_plot  # pylint: disable=g-import-not-at-top
   drawn = []
 
@@ -101,6 +102,12 @@ def test_each_panel_is_named_as_the_tables_rows_name_its_mechanism(tmp_path, mon
       super().__init__(*args, **kwargs)
       drawn.append(self)
   monkeypatch.setattr(plan_plot, 'Figure', Kept)
+  return drawn
+
+
+def test_each_panel_is_named_as_the_tables_rows_name_its_mechanism(tmp_path, monkeypatch):
+  from tff_dp.accounting import plan_plot  # pylint: disable=g-import-not-at-top
+  drawn = _kept_figures(monkeypatch)
   curves = [planner.Curve(m, 1.0, 10, (1, 10), (0.5, 1.5))
             for m in ('gaussian', 'correlated')]
   plan_plot.draw(curves, str(tmp_path / 'p.png'), delta=DELTA, population=N,
@@ -108,3 +115,19 @@ def test_each_panel_is_named_as_the_tables_rows_name_its_mechanism(tmp_path, mon
   titles = [ax.get_title() for ax in drawn[0].axes if ax.get_visible() and ax.lines]
   # The CSV says 'correlated': the panel said only "blt / bandmf ..." (issue 37.10).
   assert [t.split(':')[0] for t in titles] == ['gaussian', 'correlated'], titles
+
+
+def test_the_correlated_panel_draws_each_z_once_and_says_what_its_z_is(tmp_path, monkeypatch):
+  """Issue 51, item 6: the panel drew a line per cohort size, all on top of each other, with no
+  word that its z is not DP-FedAvg's per-round z."""
+  from tff_dp.accounting import plan_plot  # pylint: disable=g-import-not-at-top
+  drawn = _kept_figures(monkeypatch)
+  found = planner.curves(mechanisms=['gaussian', 'correlated'], noise_multipliers=[0.8, 1.5],
+                         cohort_sizes=[100, 500], population=N, total_rounds=50, delta=DELTA)
+  plan_plot.draw(found, str(tmp_path / 'p.png'), delta=DELTA, population=N,
+                 notes=planner.Z_MEANS)
+  gaussian, correlated = [ax for ax in drawn[0].axes if ax.get_visible()]
+  assert len(gaussian.lines) == 4 and not gaussian.texts
+  assert [line.get_label() for line in correlated.lines] == [
+      'z = 0.8, any clients/round (same curve)', 'z = 1.5, any clients/round (same curve)']
+  assert 'not a per-round z' in correlated.texts[0].get_text()

@@ -110,3 +110,33 @@ def test_a_noise_cohort_runs_own_epsilon_says_it_is_the_simulations(tmp_path, fi
   assert 'simulation' in axes['epsilon_vs_round.png'].get_title()
   assert 'projected_epsilon_vs_round.png' in axes['epsilon_vs_round.png'].get_title()
   assert 'not a guarantee' in axes['projected_epsilon_vs_round.png'].get_title()
+
+
+def test_the_canary_legend_is_outside_the_data_and_sparse_curves_are_points(tmp_path, figures):
+  """Issue 51, item 6: the canary figure's 8-entry legend lay over the data, off the image's
+  left edge, its title cut; the PLD curve, computed every 10 rounds, was drawn as segments."""
+  rows = []
+  for r in range(1, 41):
+    row = {'round': r, 'epsilon_rdp': 0.1 * r, 'epsilon_pld': 0.09 * r if r % 10 == 0 else ''}
+    if r % 5 == 0:
+      row.update({f'canary_epsilon_{t}': 0.05 * r for t in ('final_model', 'all_iterates')})
+      row.update({f'canary_bound_{m}_{t}': 0.01 * r for m in ('one_run', 'clopper_pearson')
+                  for t in ('final_model', 'all_iterates')})
+    rows.append(row)
+  written = plots.write_run_plots(_write_csv(tmp_path / 'm.csv', rows), str(tmp_path / 'p'),
+                                  delta=1e-5)
+  figure = dict(zip((p.rsplit('/', 1)[-1] for p in written), figures))
+  canary = figure['epsilon_estimated_vs_proven.png']
+  ax = canary.axes[0]
+  from matplotlib.backends import backend_agg  # pylint: disable=g-import-not-at-top
+  renderer = backend_agg.FigureCanvasAgg(canary).get_renderer()
+  legend, data = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
+  assert len(ax.get_legend().get_texts()) == 8
+  assert legend.y1 < data.y0   # Under the axes, not over the data.
+  image = canary.get_tightbbox(renderer).transformed(canary.dpi_scale_trans)   # Saved.
+  for extent in (legend, ax.title.get_window_extent(renderer)):
+    assert image.x0 <= extent.x0 and extent.x1 <= image.x1 + 1   # Whole in the image.
+  by_label = {line.get_label(): line for line in figure['epsilon_vs_round.png'].axes[0].lines}
+  assert by_label['RDP accountant'].get_linestyle() == '-'
+  pld = by_label['PLD accountant (points: computed every 10 rounds)']
+  assert pld.get_linestyle() == 'None' and list(pld.get_xdata()) == [10, 20, 30, 40]

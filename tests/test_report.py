@@ -22,3 +22,12 @@ def test_per_group_clips_show_their_range_and_a_missing_epsilon_is_left_out():
          'epsilon_rdp': 3.0, 'epsilon_pld': None}
   assert report.console_line(row, 100) == (
       'round   12/100  clients   3  loss 2.0000  clips 0.1..2.5  eps_rdp 3')
+
+
+def test_canary_estimates_are_labelled_as_estimates_beside_the_proven_epsilon():
+  """Issue 51, item 6: `eps_canary 1.13/2.9` stood unlabelled beside the proven 1.14."""
+  row = {'round': 5, 'epsilon_rdp': 1.14, 'canary_epsilon_final_model': 1.13,
+         'canary_epsilon_all_iterates': 2.9}
+  assert report.console_line(row, 10) == (
+      'round    5/10  eps_rdp 1.14  canary estimate (not a bound): final_model 1.13, '
+      'all_iterates 2.9;')

@@ -280,7 +280,8 @@ def _plan() -> None:
   plan_plot.draw(found, output, delta=FLAGS.delta, population=FLAGS.population,
                  target_epsilon=target,
                  descriptions=dict(planner.MECHANISMS, amplified_bandmf=(
-                     f'amplified BandMF: cyclic Poisson over {FLAGS.bands} groups')))
+                     f'amplified BandMF: cyclic Poisson over {FLAGS.bands} groups')),
+                 notes=planner.Z_MEANS)
   print(f'plot: {output}', file=sys.stderr)
 
 

@@ -13,9 +13,24 @@ from matplotlib.figure import Figure
 from tff_dp import plot_axes
 
 
+def _distinct(curves: Sequence) -> list[tuple[object, str]]:
+  """[(curve, label)]: one line per noise multiplier whose curves are the same for every
+  cohort size (labelled 'any clients/round'), else one per setting."""
+  drawn = []
+  for z in dict.fromkeys(c.noise_multiplier for c in curves):
+    same_z = [c for c in curves if c.noise_multiplier == z]
+    if len(same_z) > 1 and len({c.epsilons for c in same_z}) == 1:
+      drawn.append((same_z[0], f'z = {z:g}, any clients/round (same curve)'))
+    else:
+      drawn += [(c, f'z = {z:g}, {c.clients_per_round} clients/round') for c in same_z]
+  return drawn
+
+
 def draw(curves: Sequence, path: str, *, delta: float, population: int,
-         target_epsilon: Optional[float] = None, descriptions: Optional[dict] = None) -> None:
-  """Writes the PNG at `path`: a panel per mechanism of `curves` (`planner.Curve`s)."""
+         target_epsilon: Optional[float] = None, descriptions: Optional[dict] = None,
+         notes: Optional[dict] = None) -> None:
+  """Writes the PNG at `path`: a panel per mechanism of `curves` (`planner.Curve`s);
+  `notes`: mechanism -> a note written on its panel (what its z means)."""
   mechanisms = list(dict.fromkeys(c.mechanism for c in curves))
   columns = 2 if len(mechanisms) > 1 else 1
   rows = -(-len(mechanisms) // columns)
@@ -23,9 +38,12 @@ def draw(curves: Sequence, path: str, *, delta: float, population: int,
   axes = fig.subplots(rows, columns, squeeze=False).ravel()
   for ax, mechanism in zip(axes, mechanisms):
     mine = [c for c in curves if c.mechanism == mechanism]
-    for c in mine:
-      ax.plot(c.rounds, c.epsilons, marker='.', markersize=3,
-              label=f'z = {c.noise_multiplier:g}, {c.clients_per_round} clients/round')
+    for c, label in _distinct(mine):
+      ax.plot(c.rounds, c.epsilons, marker='.', markersize=3, label=label)
+    note = (notes or {}).get(mechanism)
+    if note:
+      ax.text(0.02, 0.02, note, transform=ax.transAxes, fontsize=7, va='bottom',
+              bbox=dict(facecolor='white', alpha=0.85, edgecolor='0.7'))
     if target_epsilon is not None:
       ax.axhline(target_epsilon, color='black', linestyle='--', linewidth=1,
                  label=f'target epsilon {target_epsilon:g}')

@@ -34,6 +34,15 @@ MECHANISMS = {
     'amplified_bandmf': 'amplified BandMF: cyclic Poisson over `bands` groups',
 }
 
+# What a panel's noise multiplier means where it is not DP-FedAvg's per-round z (written on
+# the panel: the same letter, another quantity).
+Z_MEANS = {
+    'correlated': 'z here: noise of the whole run\'s one Gaussian mechanism (the\n'
+                  'strategy\'s noise std / its sensitivity), not a per-round z.\n'
+                  'Epsilon does not grow with rounds or clients per round:\n'
+                  'more rounds cost noise in the model, not epsilon.',
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class Curve:

@@ -34,16 +34,35 @@ def _clip_label(column: str, group_labels: Mapping[str, str]) -> str:
   return f'{group}: {group_labels[group]}' if group in group_labels else label
 
 
-def _epsilon_figure(rounds, curves, ylabel: str, title: str):
-  """Epsilon curves [(values, label, line style)] against rounds, from zero, with room above."""
-  fig, ax = plot_axes.new_axes((6, 4))
+def _every(xs, values) -> Optional[int]:
+  """The spacing, in rounds, of a curve computed only at some rounds (the PLD accountant's every
+  `pld_every` rounds, canary audits at evaluations): None when it has a value at every round of
+  its span. Such a curve is drawn as its points: a line would show values never computed."""
+  finite = [i for i, v in enumerate(values) if math.isfinite(v)]
+  if len(finite) < 2 or finite[-1] - finite[0] + 1 == len(finite):
+    return None
+  steps = {xs[b] - xs[a] for a, b in zip(finite, finite[1:])}
+  return int(min(steps))
+
+
+def _epsilon_figure(rounds, curves, ylabel: str, title: str, legend_below: bool = False):
+  """Epsilon curves [(values, label, line style)] against rounds, from zero, with room above;
+  a curve computed only at some rounds is drawn as points and says how often. `legend_below`:
+  the legend under the axes (many or long entries), never over the data."""
+  fig, ax = plot_axes.new_axes((7, 6.5) if legend_below else (6, 4))
   for values, label, style in curves:
+    every = _every(rounds, values)
+    if every is not None:
+      style, label = '', f'{label} (points: computed every {every} rounds)'
     ax.plot(*_finite_pairs(rounds, values), marker='o', markersize=3, linestyle=style,
             label=label)
   ax.set(xlabel='round', ylabel=ylabel, title=title)
   ax.set_ylim(0, ax.get_ylim()[1] * 1.08)
   plot_axes.round_axis(ax, rounds)
-  ax.legend(fontsize='small')
+  if legend_below:
+    ax.legend(fontsize='x-small', loc='upper left', bbox_to_anchor=(0, -0.14), borderaxespad=0)
+  else:
+    ax.legend(fontsize='small')
   return fig
 
 
@@ -81,7 +100,7 @@ def write_run_plots(metrics_csv: str, out_dir: str, *, delta: Optional[float] = 
   for fig, name in figures:
     path = os.path.join(out_dir, name)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches='tight')   # Legends outside the axes included.
     written.append(path)
   return written
 
@@ -125,7 +144,9 @@ def _epsilon_figures(cols, delta, projection_delta, simulation: bool) -> list:
               + [(cols[k], columns_lib.column(k).meaning, '') for k in bound_cols])
     at = f' at delta = {delta:.3g}' if delta is not None else ''
     figures.append((_epsilon_figure(rounds, curves, f'epsilon{at}',
-                                    'Canary estimates and lower bounds vs proven epsilon'),
+                                    'Canary estimates and lower bounds on epsilon\n'
+                                    'beside the proven epsilon (their ceiling)',
+                                    legend_below=True),
                     'epsilon_estimated_vs_proven.png'))
   return figures
 

@@ -36,9 +36,13 @@ def console_line(row: Mapping[str, Any], total_rounds: int) -> str:
                + columns.names_with_role(row, columns.PROJECTED_EPSILON)):
     if row[name] is not None:   # The column's name, epsilon shortened: eps_rdp, projected_eps_pld.
       parts.append(f'{name.replace("epsilon", "eps")} {row[name]:.4g}')
-  estimates = [f'{row[k]:.3g}' for k in columns.names_with_role(row, columns.CANARY_EPSILON)]
+  # Canary estimates, named as estimates beside the proven epsilon: a heuristic may exceed
+  # the proof, and must not read as one (docs/PRIVACY.md, "Estimate, bound, proof").
+  estimates = [f'{k[len(columns.CANARY_EPSILON) + 1:]} {row[k]:.3g}'
+               for k in columns.names_with_role(row, columns.CANARY_EPSILON)
+               if row[k] is not None]
   if estimates:
-    parts.append(f'eps_canary {"/".join(estimates)}')
+    parts.append(f'canary estimate (not a bound): {", ".join(estimates)};')
   if 'eval_accuracy' in row:
     parts.append(f'eval_acc {row["eval_accuracy"]:.4f}')
   if 'round_seconds' in row:
