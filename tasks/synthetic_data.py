@@ -23,20 +23,35 @@ import collections
 import contextlib
 import fcntl
 import os
+import signal
 import sqlite3
 import sys
 import tempfile
+import threading
 import time
 from typing import Iterable, Iterator, Mapping, Sequence, Tuple, Union
 
-import numpy as np
-import tensorflow as tf
 
-from tasks import data_files
-from tasks import emnist as emnist_task
-from tasks import registry
-from tasks import stackoverflow as so_task
-from tff_dp.errors import UserInputError
+def _end_during_start_up(signum, frame):
+  """The command's Ctrl-C or SIGTERM while it imports TensorFlow: nothing is written yet, so
+  the process ends at once (a KeyboardInterrupt raised inside that import can be swallowed)."""
+  del frame
+  os.write(2, b'stopped by a signal during start-up: nothing was written\n')
+  os._exit(128 + signum)   # pylint: disable=protected-access
+
+
+if __name__ == '__main__':   # Only as the command: importing the module changes nothing.
+  for _signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(_signum, _end_during_start_up)
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from tasks import data_files  # noqa: E402  (after the start-up handlers)
+from tasks import emnist as emnist_task  # noqa: E402
+from tasks import registry  # noqa: E402
+from tasks import stackoverflow as so_task  # noqa: E402
+from tff_dp.errors import UserInputError  # noqa: E402
 
 # Embedded default sizes: big enough to learn something in a demo, small enough for seconds.
 DEFAULT_SIZES = {
@@ -45,6 +60,16 @@ DEFAULT_SIZES = {
                           num_heldout_clients=10),
 }
 _MARKER = data_files.EMBEDDED_MARKER
+# Set by the command's Ctrl-C (`_stop`): the writer checks it between clients and inside SQLite's
+# statements, since a KeyboardInterrupt raised inside TensorFlow's proto code or a gc callback
+# can be swallowed (a loaded machine's generator once ran on for 30 s after its Ctrl-C).
+STOP = threading.Event()
+
+
+def _stop(signum, frame):
+  del signum, frame
+  STOP.set()
+  raise KeyboardInterrupt
 # The real datasets' client counts (TFF's StackOverflow: 342,477 train / 38,758 heldout /
 # 204,088 test clients; EMNIST: 3,400 writers in both splits) with few examples per client, so
 # that the population, not the data volume, is what is full-size.
@@ -125,8 +150,13 @@ def write_sqlite(path: str, splits: Union[Mapping[str, Mapping[str, Sequence[byt
                   'serialized_example_proto BLOB NOT NULL);')
       con.execute('CREATE TABLE client_metadata (client_id TEXT NOT NULL, '
                   'split_name TEXT NOT NULL, num_examples INTEGER NOT NULL);')
+      # SQLite checks for a stop every 10,000 steps of a statement (the index of a full
+      # population takes seconds); the loop checks between clients.
+      con.set_progress_handler(STOP.is_set, 10000)
       examples, metadata = [], []
       for split, client_id, protos in splits:
+        if STOP.is_set():
+          raise KeyboardInterrupt
         examples.extend((split, client_id, sqlite3.Binary(p)) for p in protos)
         metadata.append((client_id, split, len(protos)))
         if len(examples) >= batch_rows:
@@ -146,6 +176,8 @@ def write_sqlite(path: str, splits: Union[Mapping[str, Mapping[str, Sequence[byt
   except BaseException:
     if os.path.exists(tmp):
       os.remove(tmp)
+    if STOP.is_set():   # Also when SQLite was interrupted (its OperationalError).
+      raise KeyboardInterrupt from None
     raise
 
 
@@ -434,4 +466,5 @@ def main(argv=None) -> int:
 if __name__ == '__main__':
   from tff_dp import cli_flags  # pylint: disable=g-import-not-at-top
   cli_flags.interruptible()   # Started as a background job too, Ctrl-C stops it.
+  signal.signal(signal.SIGINT, _stop)   # And is seen even where its exception is swallowed.
   sys.exit(main())

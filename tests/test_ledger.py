@@ -2,6 +2,7 @@
 line order (deleted, duplicated, reordered lines; re-execution after a resume)."""
 
 import glob
+import hashlib
 import json
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 
 from tff_dp import errors
 from tff_dp import ledger
+from tff_dp.ledger import lines as ledger_lines
 
 
 def _record(round_num, clip=1.0, stddev=1.2):
@@ -164,8 +166,8 @@ def _line_with_valid_checksum(record_json, version=ledger.SCHEMA_VERSION, seq=2)
   body = {'record': record_json, 'schema_version': version}
   if version >= 2:
     body['seq'] = seq
-  digest = ledger.hashlib.sha256(ledger._canonical(body).encode()).hexdigest()
-  return (ledger._canonical(dict(body, sha256=digest)) + '\n').encode()
+  digest = hashlib.sha256(ledger_lines._canonical(body).encode()).hexdigest()
+  return (ledger_lines._canonical(dict(body, sha256=digest)) + '\n').encode()
 
 
 @pytest.mark.parametrize('mutate, message', [

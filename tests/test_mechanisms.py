@@ -137,6 +137,19 @@ def toy_mechanism():
   del mechanisms.MECHANISMS[TOY]
 
 
+def test_a_registered_mechanisms_unlisted_sampler_is_refused_with_the_config(toy_mechanism):
+  """Issue 52, item 3: the config checked the noise kind's claims, not the mechanism's own
+  samplers, so `dp=<toy> client_sampling=fixed_size` was refused after TensorFlow loaded. The
+  config (built before TensorFlow) now asks the registry."""
+  from tff_dp.training.config import ExperimentConfig  # pylint: disable=g-import-not-at-top
+  from tff_dp.errors import UserInputError  # pylint: disable=g-import-not-at-top
+  with pytest.raises(UserInputError, match=f'`dp={TOY}` has no analysis of it'):
+    ExperimentConfig.from_settings(dp=TOY, clip=0.1, noise_multiplier=1.0,
+                                   client_sampling='fixed_size')
+  assert ExperimentConfig.from_settings(dp=TOY, clip=0.1, noise_multiplier=1.0,
+                                        client_sampling='poisson').dp.kind == TOY
+
+
 @pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_a_mechanism_defined_here_runs_is_accounted_and_stated(toy_mechanism, tag_task,
                                                                  tmp_path):

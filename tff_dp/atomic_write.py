@@ -29,3 +29,18 @@ def replacing(path: str, newline: Optional[str] = None, mode: int = 0o644) -> It
 def write_text(path: str, text: str, mode: int = 0o644) -> None:
   with replacing(path, mode=mode) as f:
     f.write(text)
+
+
+def fsync_dir(directory: str) -> None:
+  """Makes a newly created or renamed directory entry durable (best effort on filesystems that
+  refuse to fsync a directory)."""
+  try:
+    fd = os.open(directory, os.O_RDONLY)
+  except OSError:
+    return
+  try:
+    os.fsync(fd)
+  except OSError:
+    pass
+  finally:
+    os.close(fd)

@@ -139,21 +139,27 @@ WITH_RATE = tuple(sorted({c.sampler for c in CLAIMS if c.rate != RATE_NONE}))
 _BY_ROW = {(c.noise, c.sampler, c.rate_given): c for c in CLAIMS}
 
 
+# What each kind of noise is called in a refusal, and why a sampler without a row has no proof
+# for it. Mechanism names are the mechanisms' registry's to add (`tff_dp.mechanisms.claim`).
+_NOISE_TEXT = {
+    'independent': ('independent Gaussian noise', 'its amplification of this noise is not '
+                    'analysed'),
+    'tree': ('tree-aggregation noise (DP-FTRL)', 'a client could be in several rounds of one '
+             'tree'),
+    'correlated': ('correlated noise', 'no analysis of its participation'),
+}
+
+
+def proven_samplers(noise: str) -> list[str]:
+  """The samplers with a row for `noise`, in the table's order (the first is the one to use)."""
+  return list(dict.fromkeys(c.sampler for c in CLAIMS if c.noise == noise))
+
+
 def _unproven(noise: str, sampler: str) -> str:
   """The one line refusing an unproven pair, saying what to use instead."""
-  if noise == 'tree':
-    return (f'tree-aggregation noise (DP-FTRL) has no proof with {sampler} sampling (a client '
-            'could be in several rounds of one tree); use `client_sampling=shuffled`.')
-  if noise == 'correlated':
-    return (f'correlated noise (blt, bandmf) has no proof with {sampler} sampling (no analysis '
-            'of its participation); use `client_sampling=min_separation`.')
-  if sampler == 'shuffled':
-    return ('shuffled participation has a proof for tree-aggregation noise only (no '
-            'amplification analysis for independent Gaussian noise); use `dp=ftrl` or '
-            '`dp=ftrl_adaptive`, or `client_sampling=poisson`.')
-  kinds = '`dp=bandmf`' if sampler == 'cyclic_poisson' else '`dp=blt` or `dp=bandmf`'
-  return (f'{sampler} participation has a proof for correlated noise only; use {kinds}, or '
-          '`client_sampling=poisson`.')
+  name, why = _NOISE_TEXT[noise]
+  return (f'{name} has no proof with {sampler} sampling ({why}); use '
+          f'`client_sampling={proven_samplers(noise)[0]}`')
 
 
 def claim(noise: str, sampler: str, probability_given: bool = False) -> Claim:

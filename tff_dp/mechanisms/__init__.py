@@ -102,8 +102,15 @@ def claim(name: str, sampler: str, probability_given: bool = False) -> claims.Cl
   the population: `claims.claim`): its noise's row of the claim table, when the mechanism
   lists the sampler; UserInputError (one line) otherwise."""
   mechanism = get(name)
-  # An unproven pair is refused here.
-  found = claims.claim(mechanism.noise, sampler, probability_given)
+  try:   # An unproven pair is refused here.
+    found = claims.claim(mechanism.noise, sampler, probability_given)
+  except errors.UserInputError as e:
+    having = [n for n, m in MECHANISMS.items()
+              if sampler in m.samplers and sampler in claims.proven_samplers(m.noise)]
+    if not having or str(e).startswith(f'{claims.SAMPLER_NAMES.get(sampler, sampler)} '
+                                       'sampling has no rate'):
+      raise
+    raise errors.UserInputError(f'{e}, or `dp={"|".join(having)}` (proven with it)') from None
   if sampler not in mechanism.samplers:
     covered = [n for n in with_noise(mechanism.noise) if sampler in MECHANISMS[n].samplers]
     proven = f'has a proof for {choices.one_of(covered)} only' if covered else 'has no proof'

@@ -27,7 +27,6 @@ from tff_dp import choices
 from tff_dp import mechanisms
 from tff_dp import noise_budget
 from tff_dp import sections
-from tff_dp.accounting import accountant
 from tff_dp.accounting import noise_cohort
 from tff_dp.errors import UserInputError
 from tff_dp.sections import Section
@@ -139,8 +138,6 @@ class ExperimentConfig:
     self._check_noise_cohort()
     if self.accounting.max_epsilon is not None and dp == 'none':
       raise UserInputError('`max_epsilon` needs DP (`dp` != none)')
-    if mechanism is not None:
-      accountant.check_analysable(self.sampling.client_sampling, mechanism.noise)
     if self.sampling.client_sampling == 'cyclic_poisson':
       if mechanism is None or not mechanism.amplified_by_cyclic_poisson:
         amplified = [n for n, m in mechanisms.MECHANISMS.items()
@@ -158,6 +155,9 @@ class ExperimentConfig:
           raise UserInputError(f'`{name}` is a setting of `client_sampling=min_separation`; '
                                'cyclic Poisson visits each of `bands` groups every `bands` '
                                'rounds')
+    if mechanism is not None:   # The mechanism's own samplers too, a registered one's as well.
+      mechanisms.claim(dp, self.sampling.client_sampling,
+                       self.sampling.sampling_probability is not None)
     if self.canaries.num_canaries:
       if dp == 'none':
         raise UserInputError('`num_canaries` needs DP (`dp` != none): a canary\'s update is '

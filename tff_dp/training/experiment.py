@@ -182,28 +182,41 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
                    build_privacy.LEDGER_KEY_FILE: privacy.ledger_key_to_save,
                    canary_run.KEY_FILE: canary_key if not resume else None,
                    build_evaluation.HOLDOUT_KEY_FILE: evaluation_data.key_to_save})
+  recorder = build_privacy.recorder(
+      privacy, run_dir.file('ledger.jsonl'), planned, resume, log,
+      seal_path=run_dir.secret_file(build_privacy.LEDGER_SEAL_FILE))
+  parts = _loop_components(config, task, run_dir, process, privacy, recorder, hooks,
+                           evaluator, log)
+  return _loop_config(config, privacy.delta, facts, evaluation_data.description), parts
+
+
+def _loop_components(config: ExperimentConfig, task, run_dir, process, privacy, recorder,
+                     hooks, evaluator, log) -> components.LoopComponents:
+  """What the round loop runs with: the process, its sampler and data, the privacy
+  recorder, the hooks and the evaluator."""
   max_index = evaluator.output_dim   # Labels/tokens must index the model's outputs.
-  parts = components.LoopComponents(
+  return components.LoopComponents(
       process=process, run_dir=run_dir, sampler=privacy.sampler,
-      client_dataset_fn=build_process.client_dataset_fn(task),
-      privacy=build_privacy.recorder(
-          privacy, run_dir.file('ledger.jsonl'), planned, resume, log,
-          seal_path=run_dir.secret_file(build_privacy.LEDGER_SEAL_FILE)),
+      client_dataset_fn=build_process.client_dataset_fn(task), privacy=recorder,
       hooks=hooks, evaluator=evaluator, log=log,
       clip_group_labels=_clip_group_labels(privacy.dp_factory, evaluator),
       check_client_fn=lambda ds: client_data.check_client_dataset(ds, max_index),
       client_value_fn=(build_process.client_id_argument
                        if config.runtime.datasets_on_workers else None))
-  loop_config = components.LoopConfig(
+
+
+def _loop_config(config: ExperimentConfig, delta: float, facts: release.RunFacts,
+                 eval_description: str) -> components.LoopConfig:
+  """The round loop's settings: cadence, stopping, what its outputs are and how it runs."""
+  return components.LoopConfig(
       total_rounds=config.training.total_rounds, rounds_per_eval=config.output.rounds_per_eval,
-      rounds_per_checkpoint=config.rounds_per_checkpoint, delta=privacy.delta,
+      rounds_per_checkpoint=config.rounds_per_checkpoint, delta=delta,
       max_epsilon=config.accounting.max_epsilon, dp=config.dp.kind, release_facts=facts,
-      eval_description=evaluation_data.description,
+      eval_description=eval_description,
       side_information=build_process.side_information(config.adadps),
       client_cache_size=config.runtime.client_cache_size,
       prefetch_clients=config.runtime.prefetch_clients,
       worker_restart_rounds=config.runtime.worker_restart_rounds)
-  return loop_config, parts
 
 
 def _write_start(config: ExperimentConfig, task, run_dir, facts: release.RunFacts,

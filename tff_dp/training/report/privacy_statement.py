@@ -123,17 +123,7 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
       'mechanism': _MECHANISM_TEXT[mechanisms.get(dp).noise].format(dp=dp),
       'sampling': _sampling(sampling_event),
       'evaluation': _EVAL_TEXT[eval_data],
-      'covers': release.outputs_of_class(release.COVERED, facts, files),
-      'secrets': release.outputs_of_class(release.SECRET, facts, files),
-      'private_release': facts.private_release,
-      'non_private_diagnostics': _diagnostics(facts, released_columns, files),
-      'aggregator_measurements': _aggregator_measurements(facts),
-      'note': ('publish the release/ folder as it is; keep everything under secret/ (and '
-               'config.json if it holds a sampling seed) to yourself'
-               if facts.private_release else
-               'non-private diagnostics depend on client data without noise: publish only '
-               'what `covers` lists, or run with private_release to get a release/ folder '
-               'to publish as it is'),
+      **_outputs(facts, released_columns, files),
   })
   if eval_data in ('holdout', 'test_disjoint'):
     result['outside_guarantee'] = (
@@ -145,6 +135,25 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
   if projection is not None:
     result['simulation'] = _simulation(projection)
   return result
+
+
+def _outputs(facts: release.RunFacts, released_columns: Iterable[str],
+             files: Optional[list]) -> dict[str, Any]:
+  """The statement's entries of what the run wrote: what the guarantee covers, the secrets, the
+  non-private diagnostics, the aggregator's measurements, and what to publish."""
+  return {
+      'covers': release.outputs_of_class(release.COVERED, facts, files),
+      'secrets': release.outputs_of_class(release.SECRET, facts, files),
+      'private_release': facts.private_release,
+      'non_private_diagnostics': _diagnostics(facts, released_columns, files),
+      'aggregator_measurements': _aggregator_measurements(facts),
+      'note': ('publish the release/ folder as it is; keep everything under secret/ (and '
+               'config.json if it holds a sampling seed) to yourself'
+               if facts.private_release else
+               'non-private diagnostics depend on client data without noise: publish only '
+               'what `covers` lists, or run with private_release to get a release/ folder '
+               'to publish as it is'),
+  }
 
 
 def _headline(headline: guarantee_lib.Headline, delta) -> tuple[dict, str]:
