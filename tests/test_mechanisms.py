@@ -113,16 +113,16 @@ def test_a_mechanism_that_lists_a_sampler_without_a_proof_cannot_be_declared():
 TOY = 'toy_double_noise'
 
 
-def _toy_factory(clip, noise, adaptive, noise_allocation, extra):
+def _toy_factory(request: mechanisms.FactoryRequest):
   """Fixed clipping with twice the noise of `fixed`, built from the library's public parts."""
   # pylint: disable=g-import-not-at-top  (TensorFlow: only when the run builds it)
   import tensorflow_privacy as tfp
   from tff_dp.aggregators import privacy_queries
   from tff_dp.aggregators import reporting
-  del adaptive, noise_allocation, extra
+  clip = request.clip
   query = tfp.NormalizedQuery(
-      tfp.GaussianSumQuery(l2_norm_clip=clip, stddev=2 * noise['noise_multiplier'] * clip),
-      denominator=noise['clients_per_round'])
+      tfp.GaussianSumQuery(l2_norm_clip=clip, stddev=2 * request.noise_multiplier * clip),
+      denominator=request.clients_per_round)
   return reporting.ReportingDPFactory(query, lambda state: collections.OrderedDict(
       update=privacy_queries.query_tuple(state.numerator_state.l2_norm_clip,
                                          state.numerator_state.stddev)))

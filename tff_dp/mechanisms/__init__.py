@@ -28,9 +28,10 @@ from tff_dp.mechanisms import ftrl_adaptive
 from tff_dp.mechanisms import joint
 from tff_dp.mechanisms import per_layer_adaptive
 from tff_dp.mechanisms.base import CORRELATED_ARGUMENTS
+from tff_dp.mechanisms.base import FactoryRequest
 from tff_dp.mechanisms.base import Mechanism
 
-__all__ = ['CORRELATED_ARGUMENTS', 'DP_KINDS', 'MECHANISMS', 'NO_DP', 'Mechanism',
+__all__ = ['CORRELATED_ARGUMENTS', 'FactoryRequest', 'DP_KINDS', 'MECHANISMS', 'NO_DP', 'Mechanism',
            'build_aggregator', 'claim', 'find', 'get', 'register', 'with_noise']
 
 NO_DP = 'none'   # The `dp` setting of plain FedAvg: no mechanism.
@@ -146,5 +147,6 @@ def build_aggregator(kind: str, *, noise_multiplier: float, clients_per_round: f
     raise errors.UserInputError(f'DP aggregation kind {kind!r} does not take '
                                 f'{", ".join(unknown)}'
                                 + (f' (it takes {", ".join(allowed)})' if allowed else ''))
-  noise = dict(noise_multiplier=noise_multiplier, clients_per_round=clients_per_round)
-  return mechanism.factory(clip, noise, adaptive, noise_allocation, kwargs)
+  return mechanism.factory(FactoryRequest(
+      clip=clip, noise_multiplier=noise_multiplier, clients_per_round=clients_per_round,
+      adaptive=adaptive, noise_allocation=noise_allocation, own=kwargs))

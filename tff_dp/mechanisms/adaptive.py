@@ -4,10 +4,11 @@
 from tff_dp.mechanisms import base
 
 
-def _factory(clip, noise, adaptive, noise_allocation, extra):
-  del noise_allocation, extra
+def _factory(request: base.FactoryRequest):
   from tff_dp.aggregators import adaptive as adaptive_lib  # pylint: disable=g-import-not-at-top
-  return adaptive_lib.AdaptiveClipGaussianFactory(initial_clip=clip, adaptive=adaptive, **noise)
+  return adaptive_lib.AdaptiveClipGaussianFactory(
+      initial_clip=request.clip, adaptive=request.adaptive,
+      noise_multiplier=request.noise_multiplier, clients_per_round=request.clients_per_round)
 
 
 MECHANISM = base.Mechanism(

@@ -8,14 +8,37 @@ mechanism's settings before TensorFlow loads; its factory imports TensorFlow whe
 """
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from tff_dp import errors
 from tff_dp import sections
+from tff_dp.adaptive_clipping import AdaptiveClipping
 from tff_dp.accounting import claims
 from tff_dp.accounting import correlated
 
 NOISES = ('independent', 'tree', 'correlated')
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FactoryRequest:
+  """Everything a mechanism's aggregation factory is built from, each input by name
+  (`Mechanism.build_factory(request)`; `tff_dp.mechanisms.build_aggregator` checks it).
+
+  clip: the initial L2 clip of a client's update (joint: the initial scale alpha).
+  noise_multiplier: the update query's noise stddev over its clip (the round's whole budget
+    where the clip adapts: `tff_dp.noise_budget`).
+  clients_per_round: the expected clients of a round, the mean's denominator.
+  adaptive: how an adaptive clip follows the update norms.
+  noise_allocation: how grouped clipping splits the noise between groups.
+  own: the mechanism's own keyword arguments (`Mechanism.extra_arguments`: the groups, the
+    tree's `rounds_per_epoch`, correlated noise's schedule, ...).
+  """
+  clip: float
+  noise_multiplier: float
+  clients_per_round: float
+  adaptive: AdaptiveClipping = AdaptiveClipping()
+  noise_allocation: str = 'proportional'
+  own: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,10 +51,9 @@ class Mechanism:
     or 'correlated' (a Toeplitz strategy's noise, correlated across rounds).
   samplers: the `client_sampling` values its claims cover, its default first; each must have a
     row of the claim table (`tff_dp.accounting.claims`) for `noise`.
-  build_factory: (clip, noise, adaptive, noise_allocation, extra) -> its
-    `tff.aggregators.UnweightedAggregationFactory`; `noise` holds noise_multiplier and
-    clients_per_round, `extra` the keyword arguments `extra_arguments` allows. None for
-    correlated noise: the correlated-noise factory streams its strategy (`factory`).
+  build_factory: (a `FactoryRequest`) -> its `tff.aggregators.UnweightedAggregationFactory`.
+    None for correlated noise: the correlated-noise factory streams its strategy
+    (`factory`).
   extra_arguments: the further keyword arguments its factory takes (None: any, checked by the
     factory itself).
   adapts_clip: whether it adapts a clip with noised clipped-count queries (whose noise is part
@@ -73,12 +95,11 @@ class Mechanism:
         raise ValueError(f'Mechanism {self.name!r}: its settings must be named config '
                          f'sections (tff_dp.sections.Section), got {section!r}')
 
-  def factory(self, clip: float, noise: dict, adaptive, noise_allocation: str, extra: dict):
-    """Its aggregation factory (`build_factory`'s arguments; `tff_dp.mechanisms.build_aggregator`
-    checks them)."""
+  def factory(self, request: FactoryRequest):
+    """Its aggregation factory for `request` (`tff_dp.mechanisms.build_aggregator` checks it)."""
     if self.build_factory is None:
-      return correlated_factory(self, clip, noise, extra)
-    return self.build_factory(clip, noise, adaptive, noise_allocation, extra)
+      return correlated_factory(self, request)
+    return self.build_factory(request)
 
   @property
   def default_sampler(self) -> str:
@@ -127,13 +148,15 @@ CORRELATED_ARGUMENTS = ('rounds', 'min_separation', 'max_participations', 'bands
                         'amplified')
 
 
-def correlated_factory(mechanism: Mechanism, clip: float, noise: dict, extra: dict):
-  """The factory of a correlated-noise `mechanism` for the schedule in `extra`
+def correlated_factory(mechanism: Mechanism, request: FactoryRequest):
+  """The factory of a correlated-noise `mechanism` for the schedule in `request.own`
   (`CORRELATED_ARGUMENTS`; rounds, min_separation and max_participations required): its
   strategy, the fresh draws scaled to the strategy's sensitivity."""
   from tff_dp.aggregators import correlated_noise  # pylint: disable=g-import-not-at-top
-  schedule = {name: extra[name] for name in ('rounds', 'min_separation', 'max_participations')}
-  found = mechanism.strategy(**schedule, bands=extra.get('bands'),
-                             amplified=extra.get('amplified', False))
+  own = request.own
+  schedule = {name: own[name] for name in ('rounds', 'min_separation', 'max_participations')}
+  found = mechanism.strategy(**schedule, bands=own.get('bands'),
+                             amplified=own.get('amplified', False))
   return correlated_noise.CorrelatedNoiseFactory.for_strategy(
-      found, **schedule, clip=clip, noise_seed=extra.get('noise_seed'), **noise)
+      found, **schedule, clip=request.clip, noise_seed=own.get('noise_seed'),
+      noise_multiplier=request.noise_multiplier, clients_per_round=request.clients_per_round)

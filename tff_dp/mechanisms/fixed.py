@@ -3,10 +3,11 @@
 from tff_dp.mechanisms import base
 
 
-def _factory(clip, noise, adaptive, noise_allocation, extra):
-  del adaptive, noise_allocation, extra
+def _factory(request: base.FactoryRequest):
   from tff_dp.aggregators import fixed  # pylint: disable=g-import-not-at-top  (TensorFlow)
-  return fixed.FixedClipGaussianFactory(clip=clip, **noise)
+  return fixed.FixedClipGaussianFactory(clip=request.clip,
+                                        noise_multiplier=request.noise_multiplier,
+                                        clients_per_round=request.clients_per_round)
 
 
 MECHANISM = base.Mechanism(

@@ -4,10 +4,10 @@ epoch of shuffled participation."""
 from tff_dp.mechanisms import base
 
 
-def _factory(clip, noise, adaptive, noise_allocation, extra):
-  del adaptive, noise_allocation
+def _factory(request: base.FactoryRequest):
   from tff_dp.aggregators import ftrl  # pylint: disable=g-import-not-at-top  (TensorFlow)
-  return ftrl.FtrlFactory(clip=clip, **noise, **extra)
+  return ftrl.FtrlFactory(clip=request.clip, noise_multiplier=request.noise_multiplier,
+                          clients_per_round=request.clients_per_round, **request.own)
 
 
 MECHANISM = base.Mechanism(

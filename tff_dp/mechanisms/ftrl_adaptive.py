@@ -8,11 +8,12 @@ from tff_dp.errors import UserInputError
 from tff_dp.mechanisms import base
 
 
-def _factory(clip, noise, adaptive, noise_allocation, extra):
-  del noise_allocation
+def _factory(request: base.FactoryRequest):
   from tff_dp.aggregators import ftrl_adaptive  # pylint: disable=g-import-not-at-top
-  return ftrl_adaptive.FtrlAdaptiveFactory(initial_clip=clip, adaptive=adaptive, **noise,
-                                           **extra)
+  return ftrl_adaptive.FtrlAdaptiveFactory(
+      initial_clip=request.clip, adaptive=request.adaptive,
+      noise_multiplier=request.noise_multiplier, clients_per_round=request.clients_per_round,
+      **request.own)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

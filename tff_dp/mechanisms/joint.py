@@ -4,10 +4,12 @@ norms of each group (`clip` is the initial scale alpha)."""
 from tff_dp.mechanisms import base
 
 
-def _factory(clip, noise, adaptive, noise_allocation, extra):
+def _factory(request: base.FactoryRequest):
   from tff_dp.aggregators import joint  # pylint: disable=g-import-not-at-top  (TensorFlow)
-  return joint.JointClipFactory(initial_scale=clip, noise_allocation=noise_allocation,
-                                adaptive=adaptive, **noise, **extra)
+  return joint.JointClipFactory(
+      initial_scale=request.clip, noise_allocation=request.noise_allocation,
+      adaptive=request.adaptive, noise_multiplier=request.noise_multiplier,
+      clients_per_round=request.clients_per_round, **request.own)
 
 
 MECHANISM = base.Mechanism(

@@ -4,10 +4,12 @@ the groups by `noise_allocation`."""
 from tff_dp.mechanisms import base
 
 
-def _factory(clip, noise, adaptive, noise_allocation, extra):
+def _factory(request: base.FactoryRequest):
   from tff_dp.aggregators import per_layer  # pylint: disable=g-import-not-at-top  (TensorFlow)
   return per_layer.PerLayerAdaptiveClipFactory(
-      initial_clip=clip, noise_allocation=noise_allocation, adaptive=adaptive, **noise, **extra)
+      initial_clip=request.clip, noise_allocation=request.noise_allocation,
+      adaptive=request.adaptive, noise_multiplier=request.noise_multiplier,
+      clients_per_round=request.clients_per_round, **request.own)
 
 
 MECHANISM = base.Mechanism(
