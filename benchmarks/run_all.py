@@ -18,6 +18,7 @@ BENCHMARKS = [
     ['bench_accountant.py'],              # incremental epsilon over a 10,000-round ledger
     ['bench_adadps.py'],                  # AdaDPS vs DP-FedAvg (sparse toy + StackOverflow tag)
     ['bench_checkpoint_aggregation.py'],  # EMA / past-k costs
+    ['bench_evaluation.py'],              # central evaluation: compiled vs eager, s per evaluation
     ['bench_noise_cohort.py'],            # m clients with the noise of M vs a real M-client round
     ['bench_canaries.py'],                # canary estimates vs proven epsilon; their cost (~45 min)
     ['bench_soak.py'],                    # RSS growth over 500 CLI rounds (~45 min)

@@ -196,3 +196,30 @@ def test_a_given_sampling_rate_states_add_remove(data_dir, tmp_path):
   acc.compose(dp_accounting.PoissonSampledDpEvent(0.3, dp_accounting.GaussianDpEvent(z)), 2)
   assert summary.privacy['epsilon']['rdp'] == pytest.approx(acc.get_epsilon(
       config['delta_used']), rel=1e-9)
+
+
+@pytest.mark.parametrize('task_name, options', [
+    ('stackoverflow_tag', dict(word_vocab_size=200, tag_vocab_size=30)),
+    ('stackoverflow_word', {})])
+def test_compiled_evaluation_gives_keras_numbers(data_dir, task_name, options):
+  """The evaluator's one-graph pass over the data (issue 53, item 5) gives what Keras' own
+  evaluate gives on the same model, weights and data: the example-weighted loss and every
+  metric, twice in a row (its metrics reset between evaluations)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tff_dp.training.builders import build_evaluation  # pylint: disable=g-import-not-at-top
+  from tff_dp.training.builders import evaluation  # pylint: disable=g-import-not-at-top
+  task = tasks.load(task_name, data_dir, client_batch_size=4, **options)
+  data = build_evaluation.dataset(task, 60, seed=0)
+  evaluator = evaluation.CentralizedEvaluator(task.keras_model_fn, task.loss_fn,
+                                              task.metrics_fn, data)
+  reference = task.keras_model_fn()
+  reference.compile(loss=task.loss_fn(), metrics=task.metrics_fn())
+  weights = [np.asarray(w) * 0.5 for w in reference.get_weights()]   # Not its initial ones.
+  reference.set_weights(weights)
+  expected = reference.evaluate(data, verbose=0, return_dict=True)
+  for _ in range(2):
+    found = evaluator.evaluate(weights)
+    assert set(found) == set(expected)
+    for name, value in expected.items():
+      assert found[name] == pytest.approx(value, rel=1e-5, abs=1e-6), name
+  assert isinstance(evaluator._pass, tf.types.experimental.GenericFunction)  # pylint: disable=protected-access

@@ -14,13 +14,17 @@ class CentralizedEvaluator:
   """Evaluates flat weight lists (trainable then non-trainable) on a fixed eval dataset."""
 
   def __init__(self, keras_model_fn: Callable[[], tf.keras.Model], loss_fn, metrics_fn,
-               eval_dataset: tf.data.Dataset):
+               eval_dataset: tf.data.Dataset, compiled: bool = True):
     self._model = keras_model_fn()
     # A plain loop instead of compile()/evaluate(): no Keras training-loop machinery (and no
     # retracing) per evaluation, and the same example-weighted means.
     self._loss_fn = loss_fn()
     self._metrics = metrics_fn()
     self._dataset = eval_dataset.cache()
+    # The whole pass over the data as one graph (`compiled`, traced at the first evaluation):
+    # no Python between batches (benchmarks/bench_evaluation.py measures it against
+    # `compiled=False`, the same pass run eagerly).
+    self._pass = tf.function(self._all_batches) if compiled else self._all_batches
 
   @property
   def output_dim(self) -> int:
@@ -48,18 +52,25 @@ class CentralizedEvaluator:
     self._assign(flat_weights)
     for metric in self._metrics:
       metric.reset_state()
-    loss_sum, num_examples = 0.0, 0
-    for x, y in self._dataset:
-      predictions = self._model(x, training=False)
-      batch = int(tf.shape(y)[0])
-      # Example-weighted mean of the per-batch loss (as Keras' evaluate reports it).
-      loss_sum += float(self._loss_fn(y, predictions)) * batch
-      num_examples += batch
-      for metric in self._metrics:
-        metric.update_state(y, predictions)
-    results = {'loss': loss_sum / max(num_examples, 1)}
+    loss_sum, num_examples = self._pass()
+    results = {'loss': float(loss_sum) / max(int(num_examples), 1)}
     results.update({m.name: float(m.result()) for m in self._metrics})
     return results
+
+  def _all_batches(self):
+    """(the example-weighted sum of the batches' mean losses, the number of examples), as
+    Keras' evaluate weighs them, with the metrics updated batch by batch."""
+    loss_sum = tf.constant(0.0, tf.float64)
+    num_examples = tf.constant(0, tf.int64)
+    for x, y in self._dataset:
+      predictions = self._model(x, training=False)
+      for metric in self._metrics:
+        metric.update_state(y, predictions)
+      batch = tf.shape(y, out_type=tf.int64)[0]
+      loss_sum += tf.cast(self._loss_fn(y, predictions), tf.float64) * tf.cast(batch,
+                                                                               tf.float64)
+      num_examples += batch
+    return loss_sum, num_examples
 
   def save_model(self, flat_weights: Sequence[np.ndarray], path: str) -> None:
     """Writes the model with these weights in Keras' own format (`path` ends in .keras):
