@@ -44,7 +44,8 @@ def main() -> None:
   arms = {name: evaluation.CentralizedEvaluator(task.keras_model_fn, task.loss_fn,
                                                 task.metrics_fn, data, compiled=compiled)
           for name, compiled in (('eager', False), ('compiled', True))}
-  weights = [np.asarray(w) for w in arms['eager']._model.get_weights()]  # pylint: disable=protected-access
+  model = task.keras_model_fn()   # Weights in the evaluator's flat order.
+  weights = [np.asarray(v) for v in model.trainable_weights + model.non_trainable_weights]
   first = {}
   for name, arm in arms.items():   # Each arm's first call (its trace and the data's cache).
     start = time.perf_counter()

@@ -70,6 +70,8 @@ def _stop(signum, frame):
   del signum, frame
   STOP.set()
   raise KeyboardInterrupt
+
+
 # The real datasets' client counts (TFF's StackOverflow: 342,477 train / 38,758 heldout /
 # 204,088 test clients; EMNIST: 3,400 writers in both splits) with few examples per client, so
 # that the population, not the data volume, is what is full-size.

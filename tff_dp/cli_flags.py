@@ -91,7 +91,6 @@ def run_program(main, argv, kept: str) -> int:
     return 130
 
 
-
 def exit_now(code: int) -> NoReturn:
   """Ends this process with `code` after its at-exit handlers (TFF workers stopped, logs
   flushed) and a flush of stdout and stderr, without the interpreter's teardown.

@@ -33,10 +33,11 @@ whole ledger goes through it): each version-2 line's `seq` equals its line numbe
 deleted, duplicated or reordered line is an error naming the first line out of place (a
 deleted LAST line is indistinguishable from a crash before the append). Round numbers start
 at 1 and each record's round is at most the previous record's round + 1: the next round, or
-(after a resume, see tff_dp.training.run_state.resume.reconcile_ledger) a round re-executed after a
-crash, whose second record is counted again: as a fresh sample with secret sampling, as the
-same sample released twice with a seeded one (`SamplingEvent.seeded`). Version-1 lines carry no `seq`,
-so their rounds must be exactly 1, 2, 3, ... and they cannot follow version-2 lines.
+(after a resume, see tff_dp.training.run_state.resume.reconcile_ledger) a round re-executed
+after a crash, whose second record is counted again: as a fresh sample with secret sampling,
+as the same sample released twice with a seeded one (`SamplingEvent.seeded`). Version-1 lines
+carry no `seq`, so their rounds must be exactly 1, 2, 3, ... and they cannot follow version-2
+lines.
 """
 
 from tff_dp.ledger.records import CorrelatedNoise

@@ -5,7 +5,7 @@ records moved to an audit file on resume (`move_records`).
 
 import datetime
 import os
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from tff_dp import atomic_write
 from tff_dp.ledger.lines import LineMac

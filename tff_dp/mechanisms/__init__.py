@@ -108,9 +108,8 @@ def claim(name: str, sampler: str, probability_given: bool = False) -> claims.Cl
   except errors.UserInputError as e:
     having = [n for n, m in MECHANISMS.items()
               if sampler in m.samplers and sampler in claims.proven_samplers(m.noise)]
-    if not having or str(e).startswith(f'{claims.SAMPLER_NAMES.get(sampler, sampler)} '
-                                       'sampling has no rate'):
-      raise
+    if not having or (probability_given and sampler not in claims.WITH_RATE):
+      raise   # No mechanism to point to, or the sampler has no rate to give.
     raise errors.UserInputError(f'{e}, or `dp={"|".join(having)}` (proven with it)') from None
   if sampler not in mechanism.samplers:
     covered = [n for n in with_noise(mechanism.noise) if sampler in MECHANISMS[n].samplers]

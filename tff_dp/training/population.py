@@ -35,6 +35,13 @@ def split_public(cfg, train_ids: Sequence) -> tuple[list, list]:
   return [], train_ids
 
 
+def holdout_candidates(train_ids: Sequence, test_ids: Sequence) -> list:
+  """The training clients that have test data, in population order: those `eval_data=holdout`
+  holds its evaluation clients out from (TFF's test splits hold later data of training users)."""
+  test = set(test_ids)
+  return [c for c in train_ids if c in test]
+
+
 def holdout_count(eval_holdout_clients: Optional[int], candidates: int) -> int:
   """How many of the `candidates` (training clients with test data) `eval_data=holdout` holds
   out: `eval_holdout_clients`, or a tenth of them (at least 1, at most 1000); checked."""
@@ -82,8 +89,7 @@ def size_range(cfg, train_ids: Sequence, test_ids: Sequence) -> tuple[int, int]:
   _, train = split_public(cfg, train_ids)
   size = len(train)
   if cfg.output.eval_data == 'holdout':
-    test = set(test_ids)
-    candidates = sum(1 for c in train if c in test)
+    candidates = len(holdout_candidates(train, test_ids))
     if candidates:   # None: the run refuses `holdout` with its own message.
       size -= holdout_count(cfg.output.eval_holdout_clients, candidates)
   canaries = cfg.canaries

@@ -44,15 +44,15 @@ def check(cfg: ExperimentConfig) -> None:
                if task.token_side_info else 'it has no public token counts')
     raise UserInputError(f'`side_info={side_info}` is not side information of task '
                          f'{cfg.task.name!r}: {offered}; use public_clients or file:PATH')
-  if cfg.task.data_dir is not None and task.check_data is not None:
-    task.check_data(cfg.task.data_dir, **cfg.task_options())
   if cfg.task.data_dir is None:
     check_embedded_data_dir(cfg.task.embedded_data_dir)
-  if task.client_ids is not None:
+  if task.client_ids is not None:   # Checks the data as `check_data` does, once, then reads.
     ids = task.client_ids(cfg.task.data_dir, embedded_data_dir=cfg.task.embedded_data_dir,
                           **cfg.task_options())
     if ids is not None:
       population.check_before_the_run(cfg, *ids)
+  elif cfg.task.data_dir is not None and task.check_data is not None:
+    task.check_data(cfg.task.data_dir, **cfg.task_options())
   if cfg.output.experiment_name is None:   # A new, timestamped name: only the root matters.
     check_writable(cfg.output.root_output_dir)
     return

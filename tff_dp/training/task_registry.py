@@ -28,8 +28,9 @@ class RegisteredTask:
   TFF cache in `data_dir`, or from an embedded dataset in `embedded_data_dir` when `data_dir`
   is None. `check_data(data_dir, **options)` refuses (UserInputError) a data directory the task
   cannot read, without TensorFlow, so the command line refuses it before anything is written.
-  `client_ids(data_dir, *, embedded_data_dir, **options)` returns the (training, test) client
-  ids `build` would load, in its order, read without TensorFlow, or None when they are not known
+  `client_ids(data_dir, *, embedded_data_dir, **options)` refuses the data as `check_data` does
+  (so the command line calls one or the other), then returns the (training, test) client ids
+  `build` would load, in its order, read without TensorFlow, or None when they are not known
   before the task is built (an embedded dataset not generated yet); the command line then checks
   the population's size before TensorFlow (`population.check_before_the_run`).
   `token_side_info`: the token-frequency side information (`side_info=word_freq|tag_freq`) the

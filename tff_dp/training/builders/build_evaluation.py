@@ -34,10 +34,8 @@ def choose(output: config_lib.OutputConfig, sampling_seed: Optional[int], resume
   if output.eval_data == 'test':
     shared = not set(task.test_data.client_ids).isdisjoint(train_ids)
     return Evaluation(None, not shared, 'test_shared' if shared else 'test_disjoint'), train_ids
-  # Held out among the training clients that have test data (TFF's test splits hold later
-  # data of training users): a client-level split of the test data.
-  test_ids = set(task.test_data.client_ids)
-  candidates = [c for c in train_ids if c in test_ids]
+  # A client-level split of the test data.
+  candidates = population_lib.holdout_candidates(train_ids, task.test_data.client_ids)
   if not candidates:
     raise UserInputError('`eval_data=holdout`: no client of the test split is in the training '
                          'population, so `eval_data=test` is already covered; use it')

@@ -68,8 +68,8 @@ def build_aggregator(dp: config_lib.DPConfig, clients_per_round: int,
   mechanism's own settings (`mechanism_settings`, by flat name; unset: the factory's defaults).
 
   `rounds_per_epoch`: the tree factories restart after every epoch of the shuffled sampler;
-  for correlated noise, the sampler's cycle (`population.correlated_schedule`). `amplified`: the sampler
-  is cyclic Poisson (amplified BandMF). `noise_scale`: what every query's noise is multiplied
+  for correlated noise, the sampler's cycle (`population.correlated_schedule`). `amplified`:
+  the sampler is cyclic Poisson (amplified BandMF). `noise_scale`: what every query's noise is multiplied
   by (a noise cohort's m / M; the noise multiplier and clipped-count stddev the settings give
   are the production run's)."""
   if dp.kind == 'none':
