@@ -383,6 +383,10 @@ def main(argv) -> int:
     preflight.check_writable(root_output_dir)
   except UserInputError as e:
     return cli_flags.report(e, flags.FLAGS)
+  if not list_tables(experiments_dir):
+    print(f'error: --experiments_dir {experiments_dir} holds no table (a table is a '
+          'sub-directory of .flags files, as in experiments/)', file=sys.stderr)
+    return 2
   if not _TABLE.value:
     print('error: --table is required; available: '
           f'{", ".join(list_tables(experiments_dir))}, all', file=sys.stderr)

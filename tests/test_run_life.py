@@ -97,7 +97,9 @@ def test_reproduce_refuses_paths_it_cannot_use_before_any_arm_runs(tmp_path):
       ([f'--root_output_dir={a_file}/runs'], f'{a_file} is a file, not a directory'),
       # Issue 51, item 3: generated data and started four arms before failing (81 s).
       (['--root_output_dir=/proc/tables'], '/proc refuses new directories'),
-      (['--experiments_dir=/nonexistent'], '--experiments_dir /nonexistent is not a directory')):
+      (['--experiments_dir=/nonexistent'], '--experiments_dir /nonexistent is not a directory'),
+      # Issue 51, item 4: an empty experiments directory exited 0 having printed nothing.
+      ([f'--experiments_dir={tmp_path}'], f'--experiments_dir {tmp_path} holds no table')):
     code, _, err = main_in_process('reproduce.py', ['--table=all'] + args)
     assert code == 2 and err.startswith('error: ') and message in err, err
     assert 'Traceback' not in err
@@ -252,7 +254,7 @@ def test_a_resume_whose_state_is_missing_is_refused_before_tensorflow(tag_task, 
       'no_secret': (lambda d: shutil.rmtree(d / 'secret'), 'lacks secret/ledger_key'),
       'no_seal': (lambda d: (d / 'secret' / 'ledger_seal').unlink(), 'secret/ledger_seal'),
       'no_checkpoints': (lambda d: shutil.rmtree(d / 'checkpoints'),
-                         'rounds 1-2 would be executed and charged again'),
+                         'released 2 rounds but holds no checkpoint'),
       'empty_ledger': (lambda d: (d / 'ledger.jsonl').write_text(''),
                        'ledger.jsonl is empty but the run released rounds'),
       'not_a_run': (lambda d: (d / 'config.json').unlink(), 'is not a run directory'),

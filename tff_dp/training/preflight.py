@@ -244,8 +244,9 @@ def check_resume_state(path: str, cfg: ExperimentConfig) -> None:
   removed = last_released - checkpointed >= every or (finished and checkpointed < last_released)
   if removed and not cfg.output.rerun_released_rounds:
     raise UserInputError(
-        f'`resume`: {path} released {last_released} rounds but holds a checkpoint of round '
-        f'{checkpointed} only (one every {every} rounds, and the last of a finished run, is '
+        f'`resume`: {path} released {last_released} rounds but holds '
+        + (f'a checkpoint of round {checkpointed} only' if checkpointed else 'no checkpoint')
+        + f' (one every {every} rounds, and the last of a finished run, is '
         f'written before its release, so checkpoints were removed): rounds '
         f'{checkpointed + 1}-{last_released} would be executed and charged again. Restore '
         'checkpoints/, give `rerun_released_rounds` to re-execute them (each charged again), '
