@@ -160,21 +160,25 @@ def test_the_optimizer_beats_independent_noise_and_a_grid_of_one_buffer_blts():
   assert loss < 1.05 * toeplitz.loss(banded.banded_sqrt_coefs(b), n, b, k)
 
 
-@pytest.mark.parametrize('schedule', [(200, 20, 10), (2000, 100, 20)])
+@pytest.mark.parametrize('schedule', [(200, 20, 10), (150, 15, 10)])
 def test_the_optimizer_keeps_no_buffer_that_buys_nothing(schedule):
   """Issue 51.6: `--target_epsilon 2 --rounds 200 --min_separation 20 --max_participations 10`
-  printed buf_decay [8.3e-06, 0.91190, 0.91183], two buffers for one time scale. Each kept
-  buffer has its own decay, and one buffer fewer (found by a brute-force grid when one is
-  left) loses more than the optimizer's tolerance."""
+  printed buf_decay [8.3e-06, 0.91190, 0.91183], two buffers for one time scale; (150, 15, 10)
+  gave twins 0.88378, 0.88378 where one buffer holds them (its own fit had stalled at scale 1,
+  loss 120.9 against 105.97). Each kept buffer has its own decay; with one buffer the loss is
+  the brute-force grid's best, and with more, one buffer (the grid) loses more than the
+  optimizer's tolerance."""
   n, b, k = schedule
   strategy, loss = blt.optimize(n, b, k, max_buffers=4)
   decays = sorted(strategy.buf_decay)
   assert all(later - earlier > 1e-3 for earlier, later in zip(decays, decays[1:])), decays
-  assert strategy.num_buffers == 2
   one_buffer = min(toeplitz.loss(blt.BLT((theta,), (omega,)).coefs(n), n, b, k)
                    for theta in np.linspace(0.5, 0.995, 100)
                    for omega in np.linspace(0.05, 1.0, 39))
-  assert loss < one_buffer * (1 - blt.BUFFER_GAIN)
+  if strategy.num_buffers == 1:
+    assert loss <= one_buffer * (1 + 1e-6)
+  else:
+    assert loss < one_buffer * (1 - blt.BUFFER_GAIN)
 
 
 def test_the_optimizer_refuses_impossible_settings():

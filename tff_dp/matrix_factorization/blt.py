@@ -79,6 +79,20 @@ def _blt_from_params(params: np.ndarray) -> BLT:
   return BLT(tuple(theta), tuple(omega))
 
 
+def _merged(strategy: BLT, tolerance: float = 1e-4) -> BLT:
+  """`strategy` with decays closer than `tolerance` merged into one buffer (their scales
+  summed, the decay their scale-weighted mean): twins are what the optimizer returns when a
+  fit with fewer buffers stalled at its bound (one scale at 1), and one buffer holds them."""
+  merged = []   # [decay, scale] pairs, decays ascending.
+  for decay, scale in sorted(zip(strategy.buf_decay, strategy.output_scale)):
+    if merged and decay - merged[-1][0] < tolerance:
+      total = merged[-1][1] + scale
+      merged[-1] = [(merged[-1][0] * merged[-1][1] + decay * scale) / total, total]
+    else:
+      merged.append([decay, scale])
+  return BLT(tuple(d for d, _ in merged), tuple(s for _, s in merged))
+
+
 # The relative loss a further buffer must buy to be kept (`optimize`).
 BUFFER_GAIN = 1e-4
 
@@ -113,10 +127,12 @@ def optimize(n: int, min_separation: int = 0, max_participations: int = 1, *,
                               np.log(np.expm1(np.full(d, 0.5 / d)))])
       result = scipy_optimize.minimize(objective, start, method='L-BFGS-B',
                                        options={'maxiter': 300})
-      strategy = _blt_from_params(result.x)
-      value = math.exp(result.fun)
-      if strategy.is_stable() and value < best_per_size.get(d, (None, math.inf))[1]:
-        best_per_size[d] = strategy, value
+      found = _blt_from_params(result.x)
+      for strategy in (found, _merged(found)):
+        value = toeplitz.loss(strategy.coefs(n), n, min_separation, max_participations, error)
+        size = strategy.num_buffers
+        if strategy.is_stable() and value < best_per_size.get(size, (None, math.inf))[1]:
+          best_per_size[size] = strategy, value
   if not best_per_size:
     raise ValueError(f'no stable BLT found for n={n}, min_separation={min_separation}, '
                      f'max_participations={max_participations}')
