@@ -22,6 +22,7 @@ import pytest
 
 from run_helpers import main_in_process
 from tff_dp.training import config as config_lib
+from tff_dp import sampling
 from tff_dp import sections
 
 # Bounded: every flag is its own test case with a few drawn values, so each run covers every
@@ -202,7 +203,7 @@ def _pairs_without_a_proof():
   from tff_dp.errors import UserInputError
   pairs = []
   for kind in mechanisms.MECHANISMS:
-    for sampler in choices.CLIENT_SAMPLERS:
+    for sampler in sampling.KINDS:
       try:
         mechanisms.claim(kind, sampler)
       except UserInputError:
@@ -217,7 +218,7 @@ def test_incompatible_pairs_are_generated_and_many():
   from tff_dp import choices  # pylint: disable=g-import-not-at-top
   from tff_dp import mechanisms  # pylint: disable=g-import-not-at-top
   kinds = len(mechanisms.MECHANISMS)
-  assert kinds * len(choices.CLIENT_SAMPLERS) > len(_UNPROVEN) >= kinds   # Each kind has some.
+  assert kinds * len(sampling.KINDS) > len(_UNPROVEN) >= kinds   # Each kind has some.
   assert ('blt', 'poisson') in _UNPROVEN and ('adaptive', 'poisson') not in _UNPROVEN
 
 

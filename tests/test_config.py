@@ -15,6 +15,7 @@ from run_helpers import REPO
 from run_helpers import script_env
 from tff_dp import choices
 from tff_dp import mechanisms
+from tff_dp import sampling
 from tff_dp.errors import UserInputError
 from tff_dp.training import config as config_lib
 from tff_dp.training import config_flags
@@ -166,7 +167,7 @@ def test_side_info_is_free_without_preconditioning_and_any_file_with_it():
 
 def test_flag_choices_come_from_the_registries():
   flag_values = config_flags.new_flag_values()
-  for flag, registry in [('dp', mechanisms.DP_KINDS), ('client_sampling', choices.CLIENT_SAMPLERS),
+  for flag, registry in [('dp', mechanisms.DP_KINDS), ('client_sampling', sampling.KINDS),
                          ('client_optimizer', choices.OPTIMIZERS),
                          ('noise_allocation', choices.NOISE_ALLOCATIONS),
                          ('precondition', choices.PRECONDITION_SIDES),

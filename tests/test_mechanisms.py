@@ -19,9 +19,9 @@ import pytest
 from run_helpers import REPO
 from run_helpers import metrics_rows
 from run_helpers import run_stopped_after
-from tff_dp import choices
 from tff_dp import ledger as ledger_lib
 from tff_dp import mechanisms
+from tff_dp import sampling
 from tff_dp.accounting import claims
 from tff_dp.errors import UserInputError
 from tff_dp.training import config as config_lib
@@ -89,7 +89,7 @@ def _line_of(text: str) -> int:
 def test_each_mechanisms_claims_are_the_claim_tables_rows_for_its_noise_and_samplers():
   used = set()
   for name, mechanism in mechanisms.MECHANISMS.items():
-    for sampler in choices.CLIENT_SAMPLERS:
+    for sampler in sampling.KINDS:
       if sampler in mechanism.samplers:
         assert mechanisms.claim(name, sampler) == claims.claim(mechanism.noise, sampler)
         used.add((mechanism.noise, sampler))

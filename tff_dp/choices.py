@@ -1,8 +1,8 @@
 """The lists of allowed values, one home each: name -> what it means.
 
-Flags (`--client_sampling` takes exactly `CLIENT_SAMPLERS`), config validation
-(`tff_dp.training.config`) and the tables that implement each choice all derive from these
-dicts (the `dp` setting's choices are the registered mechanisms, `tff_dp.mechanisms`). An
+Flags, config validation (`tff_dp.training.config`) and the tables that implement each choice
+all derive from these dicts (the `dp` setting's choices are the registered mechanisms,
+`tff_dp.mechanisms`; `client_sampling`'s the registered samplers, `tff_dp.sampling`). An
 implementation table checks at import, with `check_implemented`, that it covers exactly its
 list, so a new choice is one entry here plus its implementation; a name listed here and not
 implemented (or the reverse) fails at import, not in the middle of a run.
@@ -26,26 +26,6 @@ EVAL_DATA = {
                    'declaration, which the privacy statement records)',
 }
 
-# `client_sampling`: how each round's clients are drawn (`tff_dp.sampling`).
-CLIENT_SAMPLERS = {
-    'poisson': 'each client independently with q = clients_per_round / population (what the '
-               'accountant assumes)',
-    'fixed_size': 'exactly clients_per_round without replacement (accounted with the Poisson '
-                  'formula under add/remove, or the without-replacement RDP bound under '
-                  'replace-one)',
-    'shuffled': 'each epoch a fresh secret permutation of the population, cut into consecutive '
-                'blocks of clients_per_round (DP-FTRL: at most one participation per epoch)',
-    'min_separation': 'one secret permutation of the population cut into N // clients_per_round '
-                      'blocks visited cyclically: each client every N // clients_per_round '
-                      'rounds (correlated-noise DP-FTRL: `dp=blt|bandmf`)',
-    'cyclic_poisson': 'each client draws one of `bands` groups independently from a secret '
-                      'key; the groups are visited cyclically, and in its group\'s round each '
-                      'client is sampled independently with q = clients_per_round x bands / '
-                      'population (amplified BandMF: `dp=bandmf`)',
-}
-# Samplings whose schedule is a secret key's (a keyed permutation, or cyclic Poisson's groups),
-# kept under secret/ for resume.
-PERMUTATION_SAMPLERS = ('shuffled', 'min_separation', 'cyclic_poisson')
 
 # `weighting`: client weights in the average.
 WEIGHTINGS = {

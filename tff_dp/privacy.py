@@ -80,7 +80,7 @@ class PrivateAggregation:
     """The mechanism `kind` (a `tff_dp.mechanisms.MECHANISMS` name) over `client_ids`.
 
     rounds: the rounds the run will have (correlated noise plans its strategy for them).
-    sampling_kind: a `choices.CLIENT_SAMPLERS` name (default: the proven one for `kind`).
+    sampling_kind: a `tff_dp.sampling.KINDS` name (default: the proven one for `kind`).
     sampling_probability: the Poisson kinds' rate q, fixed before the data is seen: the claim
       is then add/remove; None derives q from the population (clients_per_round / N) and the
       claim is zero-out (`accounting.claims`). `clients_per_round` is the mean's denominator.
@@ -97,7 +97,7 @@ class PrivateAggregation:
     noise = mechanism.noise
     sampling_kind = sampling_kind or mechanism.default_sampler
     claim = mechanisms.claim(kind, sampling_kind, sampling_probability is not None)
-    groups = bands if sampling_kind == 'cyclic_poisson' else None
+    groups = bands if sampling.get(sampling_kind).grouped else None
     client_ids = list(client_ids)
     delta_lib.check_delta(delta, len(client_ids))
     sampler = sampling.build_sampler(sampling_kind, client_ids, clients_per_round,

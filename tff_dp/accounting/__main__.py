@@ -43,6 +43,7 @@ from tff_dp import cli_flags
 from tff_dp import errors
 from tff_dp import ledger
 from tff_dp import mechanisms
+from tff_dp import sampling
 from tff_dp.accounting import claims
 
 FLAGS = flags.FlagValues()
@@ -111,7 +112,7 @@ flags.DEFINE_list('plan_mechanisms', None, 'Planner: mechanisms to draw (default
                   flag_values=FLAGS)
 flags.DEFINE_string('plan_output', 'privacy_plan.png', 'Planner: the PNG to write.',
                     flag_values=FLAGS)
-flags.DEFINE_enum('sampling', 'poisson', list(ledger.SAMPLING_KINDS),
+flags.DEFINE_enum('sampling', 'poisson', list(sampling.KINDS),
                   'Calibration mode: client sampling scheme.', flag_values=FLAGS)
 
 # The largest PLD grid accepted: a coarser one still gives an upper bound, but a loose one
@@ -146,7 +147,6 @@ def _mac_key():
   """The --ledger_key's bytes (None without the flag)."""
   if FLAGS.ledger_key is None:
     return None
-  from tff_dp import sampling  # pylint: disable=g-import-not-at-top
   try:
     key = sampling.load_key(cli_flags.path(FLAGS.ledger_key), what='ledger key')
   except OSError as e:
@@ -181,14 +181,13 @@ def _curve() -> None:
 
 def _calibrate_amplified() -> None:
   """Amplified BandMF: cyclic Poisson over --bands groups (`correlated` module docstring)."""
-  from tff_dp import sampling  # pylint: disable=g-import-not-at-top
   from tff_dp.accounting import correlated  # pylint: disable=g-import-not-at-top
   for name in ('rounds', 'bands', 'clients_per_round', 'population'):
     if FLAGS[name].value is None:
-      raise errors.UserInputError(f'--sampling=cyclic_poisson needs --{name}.')
+      raise errors.UserInputError(f'--sampling={FLAGS.sampling} needs --{name}.')
   for name in ('min_separation', 'max_participations', 'clipped_count_stddev'):
     if FLAGS[name].present:
-      raise errors.UserInputError(f'--sampling=cyclic_poisson visits each of --bands groups '
+      raise errors.UserInputError(f'--sampling={FLAGS.sampling} visits each of --bands groups '
                                   f'every --bands rounds, with a fixed clip: drop --{name}.')
   correlated.delta_lib.check_delta(FLAGS.delta, FLAGS.population)
   q = sampling.cyclic_poisson_probability(FLAGS.population, FLAGS.clients_per_round,
@@ -203,13 +202,13 @@ def _calibrate_amplified() -> None:
   print('\n'.join(correlated.describe(found)))
   print(f'epsilon={correlated.amplified_epsilon(q, z, cycles, FLAGS.delta, method)!r} '
         f'delta={FLAGS.delta!r} rounds={FLAGS.rounds} method={method} '
-        f'neighboring={claims.claim("correlated", "cyclic_poisson").relation} '
-        f'sampling=cyclic_poisson(q={q!r}, {FLAGS.bands} groups, {cycles} cycles)')
+        f'neighboring={claims.claim("correlated", FLAGS.sampling).relation} '
+        f'sampling={FLAGS.sampling}(q={q!r}, {FLAGS.bands} groups, {cycles} cycles)')
 
 
 def _calibrate_correlated() -> None:
   from tff_dp.accounting import correlated  # pylint: disable=g-import-not-at-top
-  if FLAGS.sampling == 'cyclic_poisson':
+  if sampling.get(FLAGS.sampling).grouped:
     _calibrate_amplified()
     return
   for name in ('rounds', 'min_separation', 'max_participations'):

@@ -27,6 +27,7 @@ from typing import Optional
 
 import dp_accounting
 
+from tff_dp import choices
 from tff_dp import errors
 from tff_dp import ledger
 from tff_dp import noise_budget
@@ -65,31 +66,33 @@ class CalibrationResult:
   neighboring_relation: str
 
 
+def _independent_samplers() -> list[str]:
+  """The samplers independent noise is analysed with (their declarations' DpEvent)."""
+  return [name for name, kind in sampling_lib.KINDS.items() if kind.independent_event]
+
+
 def _sampling_event(sampling_probability, population_size, clients_per_round,
                     sampling) -> ledger.SamplingEvent:
-  try:
-    if sampling == 'poisson':
-      if sampling_probability is None:
-        if population_size is None or clients_per_round is None:
-          raise errors.UserInputError(
-              'Give sampling_probability, or population_size and clients_per_round.')
-        if clients_per_round > population_size:
-          raise errors.UserInputError(
-              f'clients_per_round ({clients_per_round}) exceeds population_size '
-              f'({population_size}).')
-        return ledger.SamplingEvent('poisson', population_size, probability=float(
-            clients_per_round) / float(population_size))
-      return ledger.SamplingEvent('poisson', population_size or 1,
-                                  probability=sampling_probability, probability_given=True)
-    if sampling == 'fixed_size':
-      if population_size is None or clients_per_round is None:
-        raise errors.UserInputError(
-            'fixed_size sampling needs population_size and clients_per_round.')
-      return ledger.SamplingEvent('fixed_size', population_size,
-                                  sample_size=clients_per_round)
+  """The event the `sampling` sampler records for a round of `clients_per_round` from
+  `population_size` (or at rate `sampling_probability`, for a sampler with a rate)."""
+  declared = sampling_lib.get(sampling)
+  if declared.independent_event is None:
+    raise errors.UserInputError(f'`sampling` must be one of '
+                                f'{choices.one_of(_independent_samplers())}, got {sampling!r}.')
+  if sampling_probability is None or not declared.with_rate:
+    if population_size is None or clients_per_round is None:
+      raise errors.UserInputError(
+          f'{declared.title} sampling needs population_size and clients_per_round'
+          + (', or sampling_probability.' if declared.with_rate else '.'))
+    if clients_per_round > population_size:
+      raise errors.UserInputError(f'clients_per_round ({clients_per_round}) exceeds '
+                                  f'population_size ({population_size}).')
+  try:   # The sampler's own event (a population of ids 0..N-1: the event depends on N only).
+    return sampling_lib.build_sampler(sampling, range(population_size or 1),
+                                      clients_per_round or 1,
+                                      probability=sampling_probability).sampling_event(1)
   except ledger.LedgerError as e:
     raise errors.UserInputError(str(e)) from None
-  raise errors.UserInputError(f"sampling must be 'poisson' or 'fixed_size', got {sampling!r}.")
 
 
 def calibrate_noise_multiplier(
@@ -132,17 +135,20 @@ def calibrate_noise_multiplier(
   if mechanism == 'tree':
     return _calibrate_tree(target_epsilon, delta, rounds, population_size, clients_per_round,
                            clipped_count_stddev, neighboring_relation, method, tol)
+  event = _sampling_event(sampling_probability, population_size, clients_per_round, sampling)
   if neighboring_relation is None:   # The claim's: zero-out when q is derived from N.
-    neighboring_relation = (claims.claim('independent', sampling,
-                                         sampling_probability is not None).columns_relation
-                            if sampling in ('poisson', 'fixed_size') else 'add_remove')
+    neighboring_relation = claims.claim('independent', sampling,
+                                        event.probability_given).columns_relation
   accountant.check_relation(neighboring_relation)
   relation = events.dp_accounting_relation(neighboring_relation, sampled=True)
-  if neighboring_relation == 'replace_one' and sampling != 'fixed_size':
+  proven = list(dict.fromkeys(   # The samplers whose rows (or their columns) use it.
+      c.sampler for c in claims.CLAIMS if c.noise == 'independent'
+      and neighboring_relation in (c.relation, c.columns_relation)))
+  if sampling not in proven:
     raise errors.UserInputError(
-        "neighboring_relation 'replace_one' is analysed for fixed_size sampling only (Poisson "
-        "sampling is accounted under add_remove); use `sampling=fixed_size`.")
-  event = _sampling_event(sampling_probability, population_size, clients_per_round, sampling)
+        f'neighboring_relation {neighboring_relation!r} is analysed for '
+        f'{choices.one_of(proven)} sampling only; use `sampling={proven[0]}`.' if proven else
+        f'neighboring_relation {neighboring_relation!r} has no analysis of independent noise.')
 
   def make_event(z: float) -> dp_accounting.DpEvent:
     # One round with a single query of clip 1 and stddev z, mapped exactly as the ledger

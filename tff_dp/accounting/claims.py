@@ -38,15 +38,13 @@ import dataclasses
 from typing import Optional, Sequence
 
 from tff_dp import errors
+from tff_dp import sampling
 
 ZERO_OUT = 'replace_special'
 RELATIONS = ('add_remove', 'replace_one', ZERO_OUT)
 # How each relation reads in a statement and in docs/PRIVACY.md.
 RELATION_NAMES = {'add_remove': 'add/remove-one', 'replace_one': 'replace-one',
                   ZERO_OUT: 'zero-out (replace-special)'}
-# How messages and docs name each sampler.
-SAMPLER_NAMES = {'poisson': 'Poisson', 'fixed_size': 'fixed-size', 'shuffled': 'shuffled',
-                 'min_separation': 'min-separation', 'cyclic_poisson': 'cyclic Poisson'}
 
 
 # Where a row's sampling rate comes from (the claim table's `rate` column, docs/PRIVACY.md).
@@ -61,7 +59,7 @@ class Claim:
 
   noise: the mechanism's kind of noise ('independent', 'tree', 'correlated';
     `tff_dp.mechanisms.Mechanism.noise`).
-  sampler: a `choices.CLIENT_SAMPLERS` name.
+  sampler: a `tff_dp.sampling.KINDS` name.
   relation: the neighbouring relation of the headline epsilon.
   proof: the theorem the headline rests on.
   amplified: whether the epsilon uses amplification by sampling (then a seed holder gets the
@@ -134,8 +132,9 @@ CLAIMS = (
           _AMPLIFIED_BANDMF_PROOF + _ZERO_OUT_AT_Q.replace('m / N', 'm x groups / N'),
           amplified=True, attack='test_cyclic_poisson_zero_out', rate=RATE_FROM_POPULATION),
 )
-# The samplers whose rate q is an input (given) or derived from the population.
-WITH_RATE = tuple(sorted({c.sampler for c in CLAIMS if c.rate != RATE_NONE}))
+_WRONG_RATE = [c for c in CLAIMS if (c.rate != RATE_NONE) != sampling.get(c.sampler).with_rate]
+if _WRONG_RATE:   # A row has a rate exactly when its sampler's declaration draws with one.
+  raise ValueError(f'claim rows whose rate disagrees with their sampler: {_WRONG_RATE}')
 _BY_ROW = {(c.noise, c.sampler, c.rate_given): c for c in CLAIMS}
 
 
@@ -166,10 +165,10 @@ def claim(noise: str, sampler: str, probability_given: bool = False) -> Claim:
   """The claim of `noise` with `sampler`, whose rate (Poisson kinds) was given before the data
   was seen or derived from the population (`probability_given`); UserInputError (one line)
   for an unproven pair."""
-  if probability_given and sampler not in WITH_RATE:
-    raise errors.UserInputError(f'{SAMPLER_NAMES.get(sampler, sampler)} sampling has no rate '
+  if probability_given and not sampling.get(sampler).with_rate:
+    raise errors.UserInputError(f'{sampling.get(sampler).title} sampling has no rate '
                                 'to give (`sampling_probability` is for '
-                                f'{" and ".join(SAMPLER_NAMES[s] for s in WITH_RATE)} '
+                                f'{sampling.titles(sampling.with_rate())} '
                                 'sampling)')
   found = _BY_ROW.get((noise, sampler, bool(probability_given)))
   if found is None:
@@ -203,6 +202,6 @@ def check_relation(found: Claim, relation: str) -> None:
             'more or fewer changes; a run that gives `sampling_probability` claims add/remove)'
             if found.rate == RATE_FROM_POPULATION and relation == 'add_remove' else '')
     raise errors.UserInputError(
-        f'{SAMPLER_NAMES[found.sampler]} sampling with {found.noise} noise is proven under '
+        f'{sampling.get(found.sampler).title} sampling with {found.noise} noise is proven under '
         f'{found.relation} ({RELATION_NAMES[found.relation]}) only, not {relation}{hint}; '
         f'account it under {found.relation}.')

@@ -26,6 +26,7 @@ import numpy as np
 
 from tff_dp import errors
 from tff_dp import ledger
+from tff_dp import sampling
 from tff_dp.accounting import claims
 from tff_dp.accounting import correlated
 from tff_dp.accounting import events
@@ -64,7 +65,7 @@ class CorrelatedRounds(mechanism_account.MechanismAccount):
           f'Round {r} follows round {self._last_round} in a correlated-noise ledger: a resume '
           're-executed a round whose output was already released, which this accounting does '
           'not cover (checkpoint these runs every round: `rounds_per_checkpoint=1`).')
-    if record.sampling.kind == 'cyclic_poisson':
+    if sampling.get(record.sampling.kind).grouped:
       self._check_cycle(record)
     else:
       self._check_schedule(record)

@@ -1,5 +1,6 @@
-"""A ledger record as a `dp_accounting` event: the one home of how a round of Gaussian sum
-queries on a sample becomes a DpEvent, under each neighbouring relation.
+"""A ledger record as a `dp_accounting` event: how a round of Gaussian sum queries on a sample
+becomes a DpEvent, under each neighbouring relation (the sample's part is its sampler's
+declaration, `SamplerKind.independent_event` in tff_dp/sampling/<kind>.py).
 
 Each `RoundRecord` is one sampled round in which several Gaussian sum queries with privacy
 tuples (S_g, sigma_g) ran on the same sample. By Eq. (1) of McMahan & Andrew (2018) they are
@@ -10,7 +11,7 @@ exactly one Gaussian sum query with noise multiplier
 
 and the round is a sampled Gaussian mechanism with that z_eff.
 
-Neighbouring relations and sampling:
+Neighbouring relations and sampling (as the samplers declare them):
   * 'add_remove' (default, user-level DP as in DP-FedAvg):
       - poisson records -> PoissonSampledDpEvent(q, .) (exact; RDP and PLD).
       - fixed_size records -> APPROXIMATED as PoissonSampledDpEvent(m / N, .), the common
@@ -39,6 +40,7 @@ import dp_accounting
 from tff_dp import errors
 from tff_dp import ledger
 from tff_dp import noise_budget
+from tff_dp import sampling
 from tff_dp.accounting import claims
 
 NeighboringRelation = dp_accounting.NeighboringRelation
@@ -118,25 +120,14 @@ def gaussian_noise_multipliers(record: ledger.RoundRecord,
 
 def _wrap_sampling(record: ledger.RoundRecord, neighboring_relation: str,
                    inner: dp_accounting.DpEvent) -> dp_accounting.DpEvent:
+  """The round's event: `inner` on the recorded sample, as its sampler declares it
+  (`SamplerKind.independent_event`), for a sampler the claim table proves it with."""
   s = record.sampling
   check_analysable(s.kind, 'independent')
-  if neighboring_relation == TREE_RELATION and s.kind != 'poisson':
-    raise errors.UserInputError(
-        f'Round {record.round_num} adds independent Gaussian noise to a {s.kind} sample; '
-        f'neighboring relation {TREE_RELATION} is for Poisson samples whose rate was derived '
-        'from the population, tree-aggregation and correlated-noise ledgers.')
-  if neighboring_relation in ('add_remove', TREE_RELATION):
-    if s.kind == 'poisson':
-      q = float(s.probability)
-    else:  # Documented approximation: fixed-size treated as Poisson with q = m / N.
-      q = float(s.sample_size) / float(s.population_size)
-    return dp_accounting.PoissonSampledDpEvent(sampling_probability=q, event=inner)
-  if s.kind == 'poisson':
-    raise errors.UserInputError(
-        f'Round {record.round_num} uses Poisson sampling, which is accounted under '
-        "neighboring relation 'add_remove' only; use add_remove.")
-  return dp_accounting.SampledWithoutReplacementDpEvent(
-      source_dataset_size=int(s.population_size), sample_size=int(s.sample_size), event=inner)
+  try:
+    return sampling.get(s.kind).independent_event(s, neighboring_relation, inner)
+  except errors.UserInputError as e:
+    raise errors.UserInputError(f'Round {record.round_num}: {e}') from None
 
 
 def _multipliers_or_special_event(record: ledger.RoundRecord, neighboring_relation: str):

@@ -146,7 +146,7 @@ def headline(records: Sequence[ledger.RoundRecord], epsilons: Mapping[str, Optio
   a seed holder an amplified claim's epsilon gives way to the one without amplification."""
   result = Headline(dict(epsilons), found.relation,
                     basis='amplified' if found.amplified else 'accountant')
-  if found.sampler == 'fixed_size':
+  if found.per_round_relation is not None:   # The columns approximate: fixed-size's row.
     result = Headline({'rdp': fixed_size_proven(records, delta)}, found.relation,
                       poisson_approximation=dict(epsilons), basis='fixed_size_proven')
   if seeded and found.amplified:

@@ -14,7 +14,6 @@ coefficients are accounted under the production schedule (every population // M 
 """
 
 import dataclasses
-import math
 from typing import Optional
 
 from tff_dp import errors
@@ -61,20 +60,10 @@ class NoiseCohort:
   def production_sampling(self, event: ledger.SamplingEvent,
                           round_num: int) -> ledger.SamplingEvent:
     """The production sampling event of round `round_num`, the kind of the run's `event`."""
-    n, m = self.population, self.cohort_size
-    # The production run's rate is derived from its population as the run's was, or given
-    # (fixed before its data) as the run's was: the same claim.
-    given = event.probability_given
-    if event.kind == 'poisson':
-      return ledger.SamplingEvent('poisson', n, probability=m / n, probability_given=given)
-    if event.kind == 'fixed_size':
-      return ledger.SamplingEvent('fixed_size', n, sample_size=m)
-    if event.kind == 'cyclic_poisson':   # Its q checked at construction (`groups`).
-      q = sampling.cyclic_poisson_probability(n, m, event.groups)
-      return ledger.SamplingEvent('cyclic_poisson', n, probability=q, epoch=event.epoch,
-                                  groups=event.groups, probability_given=given)
-    return ledger.SamplingEvent(event.kind, n, sample_size=m,
-                                epoch=(round_num - 1) // self.rounds_per_epoch + 1)
+    # The production run's rate (of a sampler with one) is derived from its population as the
+    # run's was, or given (fixed before its data) as the run's was: the same claim.
+    return sampling.get(event.kind).production_event(event, self.population, self.cohort_size,
+                                                     round_num)
 
   def production_record(self, record: ledger.RoundRecord) -> ledger.RoundRecord:
     """The production round `record` stands for (module docstring)."""
@@ -83,9 +72,8 @@ class NoiseCohort:
                     for q in record.queries)
     leaf = None if record.tree_leaf is None else (r - 1) % self.rounds_per_epoch + 1
     noise = record.correlated
-    if noise is not None and record.sampling.kind == 'min_separation':
-      separation = self.rounds_per_epoch
-      noise = dataclasses.replace(noise, min_separation=separation,
-                                  max_participations=math.ceil(noise.rounds / separation))
+    follows_population = sampling.get(record.sampling.kind).production_noise
+    if noise is not None and follows_population is not None:
+      noise = follows_population(noise, self.rounds_per_epoch)
     return ledger.RoundRecord(r, self.production_sampling(record.sampling, r), queries, leaf,
                               noise)

@@ -42,12 +42,14 @@ lines.
 
 from tff_dp.ledger.records import CorrelatedNoise
 from tff_dp.ledger.records import GaussianSumQuery
-from tff_dp.ledger.records import LedgerError
 from tff_dp.ledger.records import READABLE_SCHEMA_VERSIONS
 from tff_dp.ledger.records import RoundRecord
-from tff_dp.ledger.records import SAMPLING_KINDS
 from tff_dp.ledger.records import SCHEMA_VERSION
-from tff_dp.ledger.records import SamplingEvent
+from tff_dp.ledger.sampling_events import EventShape
+from tff_dp.ledger.sampling_events import SAMPLING_KINDS
+from tff_dp.ledger.sampling_events import SamplingEvent
+from tff_dp.ledger.sampling_events import register_sampling_kind
+from tff_dp.ledger.values import LedgerError
 from tff_dp.ledger.lines import LineMac
 from tff_dp.ledger.lines import MAC_KEY_BYTES
 from tff_dp.ledger.lines import SEAL_FILE

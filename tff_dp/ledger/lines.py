@@ -11,11 +11,11 @@ import os
 from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 from tff_dp import atomic_write
-from tff_dp.ledger.records import LedgerError
+from tff_dp.ledger.values import LedgerError
 from tff_dp.ledger.records import READABLE_SCHEMA_VERSIONS
 from tff_dp.ledger.records import RoundRecord
 from tff_dp.ledger.records import SCHEMA_VERSION
-from tff_dp.ledger.records import as_int
+from tff_dp.ledger.values import as_int
 
 
 def _canonical(obj: Any) -> str:

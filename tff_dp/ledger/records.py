@@ -6,154 +6,21 @@ docstring specifies all three.
 """
 
 import dataclasses
-import math
-import operator
 from typing import Any, Optional, Tuple
 
-from tff_dp import choices
-from tff_dp import errors
+from tff_dp.ledger.sampling_events import SAMPLING_KINDS
+from tff_dp.ledger.sampling_events import EventShape
+from tff_dp.ledger.sampling_events import SamplingEvent
+from tff_dp.ledger.sampling_events import sampling_shape
+from tff_dp.ledger.values import LedgerError
+from tff_dp.ledger.values import as_float
+from tff_dp.ledger.values import as_int
 
 
 SCHEMA_VERSION = 2
 
 
 READABLE_SCHEMA_VERSIONS = (1, 2)
-
-
-SAMPLING_KINDS = tuple(choices.CLIENT_SAMPLERS)
-
-
-# Sampling kinds whose events carry an epoch (the permutation's epoch, or cycle).
-_WITH_EPOCH = choices.PERMUTATION_SAMPLERS
-
-
-_WITH_PROBABILITY = ('poisson', 'cyclic_poisson')
-
-
-class LedgerError(errors.UserInputError):
-  """The ledger file or a record is invalid (truncated, edited, bad schema or bad value)."""
-
-
-def _as_float(value: Any, what: str, allow_zero: bool = True) -> float:
-  """Casts numpy/TF/Python scalars to a finite non-negative Python float.
-
-  dp_accounting only treats Python `float` as a number (np.float32 is silently mishandled
-  when composing Gaussians), so every stored value is a plain float.
-  """
-  if isinstance(value, (bool, str, bytes)):
-    raise LedgerError(f'{what} must be a number, got {type(value).__name__} {value!r}.')
-  if hasattr(value, 'numpy'):  # Eager TF tensor.
-    value = value.numpy()
-  try:
-    result = float(value)
-  except (TypeError, ValueError):
-    raise LedgerError(f'{what} must be a number, got {type(value).__name__} {value!r}.')
-  if not math.isfinite(result):
-    raise LedgerError(f'{what} must be finite, got {result!r}.')
-  if result < 0 or (not allow_zero and result == 0):
-    bound = 'positive' if not allow_zero else 'non-negative'
-    raise LedgerError(f'{what} must be {bound}, got {result!r}.')
-  return result
-
-
-def as_int(value: Any, what: str, minimum: int) -> int:
-  """Casts numpy/Python integers to a Python int >= minimum (bools and floats rejected)."""
-  if isinstance(value, bool):
-    raise LedgerError(f'{what} must be an integer, got bool {value!r}.')
-  if hasattr(value, 'numpy'):
-    value = value.numpy()
-  try:
-    result = operator.index(value)
-  except TypeError:
-    raise LedgerError(f'{what} must be an integer, got {type(value).__name__} {value!r}.')
-  if result < minimum:
-    raise LedgerError(f'{what} must be >= {minimum}, got {result}.')
-  return int(result)
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingEvent:
-  """How this round's records (clients) were selected from the population.
-
-  kind='poisson': each of `population_size` clients independently with `probability`
-  (`sample_size` must be None). kind='fixed_size': a uniformly random subset of exactly
-  `sample_size` clients without replacement (`probability` must be None).
-  kind='shuffled': the next block of `sample_size` clients of epoch `epoch`'s secret
-  permutation of the population (each client at most once per epoch; `probability` None).
-  kind='min_separation': the next block of `sample_size` clients of one secret permutation,
-  its blocks visited cyclically (`epoch`: the cycle), so a client participates every
-  population_size // sample_size rounds.
-  kind='cyclic_poisson': the population secretly partitioned into `groups` groups visited
-  cyclically (`epoch`: the cycle); in its group's round each client independently with
-  `probability` (`sample_size` None), so a client is sampled at most once per cycle.
-  `epoch` is set for these three kinds only (and only then written to JSON); `groups` for
-  cyclic_poisson only.
-  `seeded`: the sample is a function of a sampling seed (reproducible, so a re-executed round
-  draws the same clients again: the accountant composes both executions as one sample released
-  twice); written to JSON only when true.
-  `probability_given`: the Poisson kinds' `probability` was an input of the run, fixed before
-  the data was seen and used whatever the population (so add/remove neighbours run with the
-  same q); false when it was derived from the population (q = m / N, or m x groups / N), so
-  a neighbour with one client more or fewer would run with another q and only zero-out
-  holds (`tff_dp.accounting.claims`). Written to JSON only when true, so ledgers written before
-  it read as derived.
-  """
-  kind: str
-  population_size: int
-  probability: Optional[float] = None
-  sample_size: Optional[int] = None
-  epoch: Optional[int] = None
-  seeded: bool = False
-  groups: Optional[int] = None
-  probability_given: bool = False
-
-  def __post_init__(self):
-    if self.kind not in SAMPLING_KINDS:
-      raise LedgerError(f'SamplingEvent.kind must be one of {SAMPLING_KINDS}, got {self.kind!r}.')
-    n = as_int(self.population_size, 'SamplingEvent.population_size', 1)
-    object.__setattr__(self, 'population_size', n)
-    if self.kind in _WITH_PROBABILITY:
-      if self.probability is None or self.sample_size is not None:
-        raise LedgerError(f'A {self.kind} SamplingEvent needs probability and no sample_size.')
-      q = _as_float(self.probability, 'SamplingEvent.probability', allow_zero=False)
-      if q > 1:
-        raise LedgerError(f'SamplingEvent.probability must be in (0, 1], got {q!r}.')
-      object.__setattr__(self, 'probability', q)
-    else:
-      if self.sample_size is None or self.probability is not None:
-        raise LedgerError(f'A {self.kind} SamplingEvent needs sample_size and no probability.')
-      m = as_int(self.sample_size, 'SamplingEvent.sample_size', 1)
-      if m > n:
-        raise LedgerError(
-            f'SamplingEvent.sample_size ({m}) exceeds population_size ({n}).')
-      object.__setattr__(self, 'sample_size', m)
-    if self.kind in _WITH_EPOCH:
-      object.__setattr__(self, 'epoch', as_int(self.epoch, 'SamplingEvent.epoch', 1))
-    elif self.epoch is not None:
-      raise LedgerError(f'A {self.kind} SamplingEvent has no epoch, got {self.epoch!r}.')
-    if self.kind == 'cyclic_poisson':
-      object.__setattr__(self, 'groups', as_int(self.groups, 'SamplingEvent.groups', 1))
-    elif self.groups is not None:
-      raise LedgerError(f'A {self.kind} SamplingEvent has no groups, got {self.groups!r}.')
-    if not isinstance(self.seeded, bool):
-      raise LedgerError(f'SamplingEvent.seeded must be true or false, got {self.seeded!r}.')
-    if not isinstance(self.probability_given, bool):
-      raise LedgerError(f'SamplingEvent.probability_given must be true or false, got '
-                        f'{self.probability_given!r}.')
-    if self.probability_given and self.kind not in _WITH_PROBABILITY:
-      raise LedgerError(f'A {self.kind} SamplingEvent has no probability to be given.')
-
-  def to_json(self) -> dict:
-    out = dataclasses.asdict(self)
-    if self.kind not in _WITH_EPOCH:
-      del out['epoch']   # Lines written before shuffled sampling existed stay the same.
-    if not self.seeded:
-      del out['seeded']   # Likewise for secret samples.
-    if self.kind != 'cyclic_poisson':
-      del out['groups']
-    if not self.probability_given:
-      del out['probability_given']   # Ledgers written before it read the same.
-    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,9 +38,9 @@ class GaussianSumQuery:
     if not isinstance(self.name, str) or not self.name:
       raise LedgerError(f'GaussianSumQuery.name must be a non-empty str, got {self.name!r}.')
     object.__setattr__(self, 'l2_norm_clip',
-                       _as_float(self.l2_norm_clip, f'query {self.name!r} l2_norm_clip'))
+                       as_float(self.l2_norm_clip, f'query {self.name!r} l2_norm_clip'))
     object.__setattr__(self, 'noise_stddev',
-                       _as_float(self.noise_stddev, f'query {self.name!r} noise_stddev'))
+                       as_float(self.noise_stddev, f'query {self.name!r} noise_stddev'))
 
   def to_json(self) -> dict:
     return dataclasses.asdict(self)
@@ -207,13 +74,13 @@ class CorrelatedNoise:
     for name in ('rounds', 'min_separation', 'max_participations'):
       object.__setattr__(self, name, as_int(getattr(self, name), f'CorrelatedNoise.{name}', 1))
     object.__setattr__(self, 'buf_decay', tuple(
-        _as_float(v, 'CorrelatedNoise.buf_decay') for v in self.buf_decay))
+        as_float(v, 'CorrelatedNoise.buf_decay') for v in self.buf_decay))
     object.__setattr__(self, 'output_scale', tuple(
-        _as_float(v, 'CorrelatedNoise.output_scale') for v in self.output_scale))
+        as_float(v, 'CorrelatedNoise.output_scale') for v in self.output_scale))
     if len(self.buf_decay) != len(self.output_scale):
       raise LedgerError('CorrelatedNoise.buf_decay and output_scale differ in length.')
     object.__setattr__(self, 'coefs', tuple(
-        _as_float(v, 'CorrelatedNoise.coefs') for v in self.coefs))
+        as_float(v, 'CorrelatedNoise.coefs') for v in self.coefs))
     if [self.bands is not None, bool(self.buf_decay), bool(self.coefs)].count(True) != 1:
       raise LedgerError('CorrelatedNoise records one strategy: a banded one\'s `bands`, a '
                         'BLT\'s `buf_decay` and `output_scale`, or another\'s `coefs`.')
@@ -287,13 +154,14 @@ class RoundRecord:
       _check_keys(obj['correlated'], fields if 'coefs' in obj['correlated'] else
                   fields - {'coefs'}, 'correlated')
     s = obj['sampling']
-    shuffled = isinstance(s, dict) and s.get('kind') in _WITH_EPOCH
+    kind = s.get('kind') if isinstance(s, dict) else None
+    known = isinstance(kind, str) and kind in SAMPLING_KINDS
+    shape = sampling_shape(kind) if known else EventShape()   # Unknown: refused below.
     seeded = isinstance(s, dict) and 'seeded' in s
     given = isinstance(s, dict) and 'probability_given' in s
-    cyclic = isinstance(s, dict) and s.get('kind') == 'cyclic_poisson'
     _check_keys(s, {'kind', 'population_size', 'probability', 'sample_size'}
-                | ({'epoch'} if shuffled else set()) | ({'seeded'} if seeded else set())
-                | ({'groups'} if cyclic else set())
+                | ({'epoch'} if shape.epoch else set()) | ({'seeded'} if seeded else set())
+                | ({'groups'} if shape.groups else set())
                 | ({'probability_given'} if given else set()), 'sampling')
     for name, present in (('seeded', seeded), ('probability_given', given)):
       if present and s[name] is not True:
@@ -302,8 +170,8 @@ class RoundRecord:
       raise LedgerError('record.queries must be a list.')
     integers = [('round_num', obj['round_num']), ('population_size', s['population_size'])]
     integers += [('tree_leaf', obj['tree_leaf'])] if tree else []
-    integers += [('epoch', s['epoch'])] if shuffled else []
-    integers += [('groups', s['groups'])] if cyclic else []
+    integers += [('epoch', s['epoch'])] if shape.epoch else []
+    integers += [('groups', s['groups'])] if shape.groups else []
     for name, v in integers:
       if not isinstance(v, int) or isinstance(v, bool):
         raise LedgerError(f'{name} must be a JSON integer, got {v!r}.')

@@ -15,7 +15,7 @@ from tff_dp.ledger.lines import encode
 from tff_dp.ledger.lines import check_seal
 from tff_dp.ledger.lines import decode_line
 from tff_dp.ledger.lines import write_seal
-from tff_dp.ledger.records import LedgerError
+from tff_dp.ledger.values import LedgerError
 from tff_dp.ledger.records import RoundRecord
 
 

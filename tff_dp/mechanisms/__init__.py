@@ -16,6 +16,7 @@ from typing import Iterator, Optional
 from tff_dp import choices
 from tff_dp import errors
 from tff_dp import noise_budget
+from tff_dp import sampling
 from tff_dp import sections
 from tff_dp.accounting import claims
 from tff_dp.adaptive_clipping import AdaptiveClipping
@@ -32,7 +33,7 @@ from tff_dp.mechanisms.base import FactoryRequest
 from tff_dp.mechanisms.base import Mechanism
 
 __all__ = ['CORRELATED_ARGUMENTS', 'FactoryRequest', 'DP_KINDS', 'MECHANISMS', 'NO_DP', 'Mechanism',
-           'build_aggregator', 'claim', 'find', 'get', 'register', 'with_noise']
+           'SAMPLER_CHOICES', 'build_aggregator', 'claim', 'find', 'get', 'register', 'with_noise']
 
 NO_DP = 'none'   # The `dp` setting of plain FedAvg: no mechanism.
 MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
@@ -58,6 +59,24 @@ class _DpKinds(collections.abc.Mapping):
 
 
 DP_KINDS = _DpKinds()
+
+
+class _SamplerChoices(collections.abc.Mapping):
+  """The `client_sampling` setting's choices, name -> meaning and the mechanisms that take
+  it (`dp=a|b`): a live view of both registries."""
+
+  def __getitem__(self, name: str) -> str:
+    taking = [n for n, m in MECHANISMS.items() if name in m.samplers]
+    return sampling.CHOICES[name] + (f' (`dp={"|".join(taking)}`)' if taking else '')
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(sampling.CHOICES)
+
+  def __len__(self) -> int:
+    return len(sampling.CHOICES)
+
+
+SAMPLER_CHOICES = _SamplerChoices()
 
 
 def _register_settings(mechanism: Mechanism) -> None:
@@ -108,7 +127,7 @@ def claim(name: str, sampler: str, probability_given: bool = False) -> claims.Cl
   except errors.UserInputError as e:
     having = [n for n, m in MECHANISMS.items()
               if sampler in m.samplers and sampler in claims.proven_samplers(m.noise)]
-    if not having or (probability_given and sampler not in claims.WITH_RATE):
+    if not having or (probability_given and sampler not in sampling.with_rate()):
       raise   # No mechanism to point to, or the sampler has no rate to give.
     raise errors.UserInputError(f'{e}, or `dp={"|".join(having)}` (proven with it)') from None
   if sampler not in mechanism.samplers:

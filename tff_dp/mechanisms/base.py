@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any, Callable, Mapping, Optional
 
 from tff_dp import errors
+from tff_dp import sampling
 from tff_dp import sections
 from tff_dp.adaptive_clipping import AdaptiveClipping
 from tff_dp.accounting import claims
@@ -106,8 +107,9 @@ class Mechanism:
     return self.samplers[0]
 
   @property
-  def amplified_by_cyclic_poisson(self) -> bool:
-    return 'cyclic_poisson' in self.samplers
+  def amplified_by_groups(self) -> bool:
+    """Whether it takes a grouped sampler (amplified BandMF's cyclic Poisson)."""
+    return any(sampling.get(s).grouped for s in self.samplers)
 
   def strategy(self, rounds: int, min_separation: int, max_participations: int, *,
                bands: Optional[int] = None, max_buffers: int = 4,
@@ -119,7 +121,7 @@ class Mechanism:
       raise errors.UserInputError(f'`dp={self.name}` has no correlated-noise strategy')
     correlated.check_schedule(rounds, min_separation, max_participations)
     if amplified:
-      if not self.amplified_by_cyclic_poisson:
+      if not self.amplified_by_groups:
         raise correlated.not_amplifiable(self.name)
       correlated.check_bands_within_groups(bands or min_separation, min_separation)
     coefs, params = self.strategy_coefs(rounds, min_separation, max_participations, bands,

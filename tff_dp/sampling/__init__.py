@@ -1,5 +1,10 @@
 """Client samplers and their privacy-ledger events; the sample is secret unless seeded.
 
+Each sampler is a module (`poisson`, `fixed_size`, `shuffled`, `min_separation`,
+`cyclic_poisson`) that declares itself in a `SamplerKind` (`kind.py`): the rest of the package
+reads the declarations through `KINDS` / `get`, never a sampler's name, and `register` adds
+one (its ledger events included).
+
 The amplification the accountant applies (q) assumes nobody but the mechanism knows which
 clients a round used. The Poisson kinds' q is given (`build_sampler(probability=...)`, fixed
 before the data is seen: the claim is add/remove) or derived from the population (q = m / N:
@@ -45,89 +50,123 @@ Accounting each sampler maps to (see `tff_dp.accounting.accountant`):
     (`tff_dp.accounting.claims`).
 """
 
-from typing import Hashable, Optional, Sequence
+import collections.abc
+from typing import Hashable, Iterator, Optional, Sequence
 
 from tff_dp import choices
 from tff_dp import errors
+from tff_dp import ledger
+from tff_dp.sampling import cyclic_poisson
+from tff_dp.sampling import fixed_size
+from tff_dp.sampling import min_separation
+from tff_dp.sampling import poisson
+from tff_dp.sampling import shuffled
 from tff_dp.sampling.base import KEY_BYTES
 from tff_dp.sampling.base import Sampler
 from tff_dp.sampling.base import check_population
 from tff_dp.sampling.base import check_probability
 from tff_dp.sampling.cyclic_poisson import CyclicPoissonSampler
-from tff_dp.sampling.independent import FixedSizeSampler
-from tff_dp.sampling.independent import PoissonSampler
+from tff_dp.sampling.cyclic_poisson import probability as cyclic_poisson_probability
+from tff_dp.sampling.fixed_size import FixedSizeSampler
 from tff_dp.sampling.keys import check_holdout_count
 from tff_dp.sampling.keys import hold_out
 from tff_dp.sampling.keys import holdout_key
 from tff_dp.sampling.keys import load_key
 from tff_dp.sampling.keys import population_digest
 from tff_dp.sampling.keys import save_key
-from tff_dp.sampling.permutation import MinSeparationSampler
-from tff_dp.sampling.permutation import ShuffledSampler
+from tff_dp.sampling.kind import SamplerKind
+from tff_dp.sampling.kind import SamplerRequest
+from tff_dp.sampling.min_separation import MinSeparationSampler
 from tff_dp.sampling.permutation import rounds_per_epoch
+from tff_dp.sampling.poisson import PoissonSampler
+from tff_dp.sampling.shuffled import ShuffledSampler
 
-# `client_sampling` -> the sampler of `clients_per_round` clients (its expected number for the
-# Poisson kinds) from a population (`build_sampler`); the Poisson kinds also take their rate q
-# and whether it was given (`_rate`).
-_SAMPLERS = {
-    'poisson': lambda ids, m, seed, key, groups, rate: PoissonSampler(
-        ids, rate[0], seed=seed, probability_given=rate[1]),
-    'fixed_size': lambda ids, m, seed, key, groups, rate: FixedSizeSampler(ids, m, seed=seed),
-    'shuffled': lambda ids, m, seed, key, groups, rate: ShuffledSampler(
-        ids, m, seed=seed, key=key),
-    'min_separation': lambda ids, m, seed, key, groups, rate: MinSeparationSampler(
-        ids, m, seed=seed, key=key),
-    'cyclic_poisson': lambda ids, m, seed, key, groups, rate: CyclicPoissonSampler(
-        ids, groups, rate[0], seed=seed, key=key, probability_given=rate[1]),
-}
+# `client_sampling` -> its declaration (`SamplerKind`).
+KINDS: dict[str, SamplerKind] = {}
 
-choices.check_implemented(choices.CLIENT_SAMPLERS, _SAMPLERS, 'tff_dp.sampling')
 
-# The samplers that include each client with a rate q (`probability`).
-WITH_PROBABILITY = ('poisson', 'cyclic_poisson')
+def register(kind: SamplerKind) -> None:
+  """Adds a sampler's declaration, and its events to the ledger's format (ValueError if its
+  name is taken, or the ledger knows the kind with other fields)."""
+  if kind.name in KINDS:
+    raise ValueError(f'a sampler named {kind.name!r} is already registered')
+  ledger.register_sampling_kind(kind.name, ledger.EventShape(
+      probability=kind.with_rate, epoch=kind.keyed, groups=kind.grouped))
+  KINDS[kind.name] = kind
 
-def cyclic_poisson_probability(population: int, clients_per_round: int, groups: int) -> float:
-  """q = clients_per_round x groups / population: a group's round then samples
-  `clients_per_round` clients on average."""
-  q = clients_per_round * groups / population
-  if q > 1:
-    raise errors.UserInputError(
-        f'cyclic Poisson sampling of {clients_per_round} clients per round from {groups} '
-        f'groups of a population of {population} needs q = {q:.3g} > 1; use fewer '
-        '`clients_per_round` or fewer `bands`')
-  return q
 
-def _rate(kind: str, population: int, clients_per_round: int, groups: Optional[int],
+for _module in (poisson, fixed_size, shuffled, min_separation, cyclic_poisson):
+  register(_module.KIND)
+
+
+class _Choices(collections.abc.Mapping):
+  """The `client_sampling` setting's choices, name -> meaning (a live view: a sampler
+  registered later is a choice too)."""
+
+  def __getitem__(self, name: str) -> str:
+    return KINDS[name].description
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(KINDS)
+
+  def __len__(self) -> int:
+    return len(KINDS)
+
+
+CHOICES = _Choices()
+
+
+def get(name: str) -> SamplerKind:
+  """The declaration of `client_sampling=name`; UserInputError naming the choices."""
+  if name not in KINDS:
+    raise errors.UserInputError(f'`client_sampling` must be one of {choices.one_of(KINDS)}, '
+                                f'got {name!r}')
+  return KINDS[name]
+
+
+def with_rate() -> tuple[str, ...]:
+  """The samplers that include each client with a rate q (`sampling_probability`)."""
+  return tuple(name for name, kind in KINDS.items() if kind.with_rate)
+
+
+def titles(names: Sequence[str]) -> str:
+  """'Poisson and cyclic Poisson': the samplers `names` as sentences name them."""
+  return ' and '.join(get(name).title for name in names)
+
+
+def _rate(kind: SamplerKind, population: int, clients_per_round: int, groups: Optional[int],
           probability: Optional[float]) -> tuple[Optional[float], bool]:
-  """(q, whether it was given) of a Poisson kind: `probability` when given, else derived from
-  the population so that a round samples `clients_per_round` clients on average."""
-  if kind not in WITH_PROBABILITY:
+  """(q, whether it was given) of a kind with a rate: `probability` when given, else derived
+  from the population so that a round samples `clients_per_round` clients on average."""
+  if not kind.with_rate:
     if probability is not None:
       raise errors.UserInputError(f'`sampling_probability` is the rate of '
-                                  f'{choices.one_of(WITH_PROBABILITY)} sampling; '
-                                  f'`client_sampling={kind}` draws `clients_per_round` clients')
+                                  f'{choices.one_of(with_rate())} sampling; '
+                                  f'`client_sampling={kind.name}` draws `clients_per_round` '
+                                  'clients')
     return None, False
   if probability is not None:
     return check_probability(probability), True
-  if kind == 'cyclic_poisson':
-    return cyclic_poisson_probability(population, clients_per_round, groups), False
+  if kind.grouped:
+    return cyclic_poisson.probability(population, clients_per_round, groups), False
   return clients_per_round / population, False
+
 
 def build_sampler(kind: str, client_ids: Sequence[Hashable], clients_per_round: int,
                   seed: Optional[int] = None, key: Optional[bytes] = None,
                   groups: Optional[int] = None,
                   probability: Optional[float] = None) -> Sampler:
-  """The `kind` sampler (a `choices.CLIENT_SAMPLERS` name) of `clients_per_round` clients;
-  `key`: the permutation samplers' secret key (None: a new one, unless `seed` is given);
-  `groups`: cyclic Poisson's number of groups (required by it, refused by the others);
-  `probability`: the Poisson kinds' rate q, fixed before the data is seen (then their claim
-  is add/remove); None: q is derived from the population (zero-out)."""
-  if kind not in _SAMPLERS:
-    raise errors.UserInputError(f'`client_sampling` must be one of '
-                                f'{choices.one_of(_SAMPLERS)}, got {kind!r}')
-  if (kind == 'cyclic_poisson') != (groups is not None):
-    raise errors.UserInputError('cyclic Poisson sampling needs its number of groups (`bands`), '
-                                'and only it takes one')
+  """The `kind` sampler (a `KINDS` name) of `clients_per_round` clients; `key`: a keyed
+  sampler's secret key (None: a new one, unless `seed` is given); `groups`: a grouped
+  sampler's number of groups (required by it, refused by the others); `probability`: the rate
+  q of a sampler with one, fixed before the data is seen (then its claim is add/remove);
+  None: q is derived from the population (zero-out)."""
+  declared = get(kind)
+  if declared.grouped != (groups is not None):
+    raise errors.UserInputError(f'{declared.title} sampling needs its number of groups '
+                                '(`bands`), and only it takes one' if declared.grouped else
+                                f'{declared.title} sampling takes no number of groups')
   ids = check_population(client_ids)
-  rate = _rate(kind, len(ids), clients_per_round, groups, probability)
-  return _SAMPLERS[kind](ids, clients_per_round, seed, key, groups, rate)
+  q, given = _rate(declared, len(ids), clients_per_round, groups, probability)
+  return declared.build(SamplerRequest(ids, clients_per_round, seed=seed, key=key,
+                                       groups=groups, probability=q, probability_given=given))

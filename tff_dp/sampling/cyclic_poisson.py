@@ -15,6 +15,8 @@ from tff_dp.sampling.base import epoch_of
 from tff_dp.sampling.base import id_bytes
 from tff_dp.sampling.base import keyed_words
 from tff_dp.sampling.base import non_negative_int
+from tff_dp.sampling.kind import SamplerKind
+from tff_dp.sampling.kind import SamplerRequest
 
 
 class CyclicPoissonSampler(Sampler):
@@ -64,7 +66,55 @@ class CyclicPoissonSampler(Sampler):
     return group[randomness.uniform(group) < self.probability]
 
   def sampling_event(self, round_num: int) -> ledger.SamplingEvent:
-    return ledger.SamplingEvent(kind='cyclic_poisson', population_size=len(self.client_ids),
+    return ledger.SamplingEvent(kind=KIND.name, population_size=len(self.client_ids),
                                 probability=self.probability, epoch=self.epoch(round_num),
                                 groups=self.groups, seeded=not self.secret,
                                 probability_given=self.probability_given)
+
+
+def probability(population: int, clients_per_round: int, groups: int) -> float:
+  """q = clients_per_round x groups / population: a group's round then samples
+  `clients_per_round` clients on average."""
+  q = clients_per_round * groups / population
+  if q > 1:
+    raise errors.UserInputError(
+        f'cyclic Poisson sampling of {clients_per_round} clients per round from {groups} '
+        f'groups of a population of {population} needs q = {q:.3g} > 1; use fewer '
+        '`clients_per_round` or fewer `bands`')
+  return q
+
+
+def _build(request: SamplerRequest) -> CyclicPoissonSampler:
+  return CyclicPoissonSampler(request.client_ids, request.groups, request.probability,
+                              seed=request.seed, key=request.key,
+                              probability_given=request.probability_given)
+
+
+def _production_event(event, population: int, cohort: int, round_num: int):
+  """M of N a round from the run's number of groups (q checked against them), derived or
+  given as the run's q was; the cycles are the run's (`groups` rounds each)."""
+  del round_num   # The run's own cycle (its `epoch`).
+  q = probability(population, cohort, event.groups)
+  return ledger.SamplingEvent(KIND.name, population, probability=q, epoch=event.epoch,
+                              groups=event.groups, probability_given=event.probability_given)
+
+
+def _statement(event) -> dict:
+  return {'probability': event.probability, 'groups': event.groups, 'accounted_as': (
+      f'a secret partition of the population into {event.groups} groups visited cyclically '
+      '(each client draws its group independently from a secret key, so adding a client '
+      'moves no other), each client of the visited group independently with this '
+      'probability (amplified '
+      'BandMF, Choquette-Choo et al. 2023 Theorem 4: per cycle one Poisson-subsampled '
+      'Gaussian whose sensitivity is the strategy\'s largest column norm, composed over the '
+      'cycles; it assumes the bands never exceed the groups, which the run checked)')}
+
+
+KIND = SamplerKind(
+    name='cyclic_poisson', title='cyclic Poisson',
+    description=('each client draws one of `bands` groups independently from a secret key; '
+                 'the groups are visited cyclically, and in its group\'s round each client is '
+                 'sampled independently with q = clients_per_round x bands / population '
+                 '(amplified BandMF)'),
+    build=_build, with_rate=True, keyed=True, grouped=True,
+    production_event=_production_event, statement=_statement)

@@ -26,6 +26,7 @@ from typing import Any, Mapping, Optional, TypeVar
 from tff_dp import choices
 from tff_dp import mechanisms
 from tff_dp import noise_budget
+from tff_dp import sampling
 from tff_dp import sections
 from tff_dp.accounting import noise_cohort
 from tff_dp.errors import UserInputError
@@ -138,23 +139,25 @@ class ExperimentConfig:
     self._check_noise_cohort()
     if self.accounting.max_epsilon is not None and dp == 'none':
       raise UserInputError('`max_epsilon` needs DP (`dp` != none)')
-    if self.sampling.client_sampling == 'cyclic_poisson':
-      if mechanism is None or not mechanism.amplified_by_cyclic_poisson:
-        amplified = [n for n, m in mechanisms.MECHANISMS.items()
-                     if m.amplified_by_cyclic_poisson]
-        raise UserInputError(
-            f'`client_sampling=cyclic_poisson` amplifies {choices.one_of(amplified)} only '
-            f'(`dp={dp}` has no analysis of it); use `dp={amplified[0]}`, or '
-            '`client_sampling=min_separation`')
+    grouped = sampling.get(self.sampling.client_sampling)
+    if grouped.grouped:
+      chosen = f'`client_sampling={grouped.name}`'
+      if mechanism is None or not mechanism.amplified_by_groups:
+        amplified = [n for n, m in mechanisms.MECHANISMS.items() if m.amplified_by_groups]
+        instead = (f', or `client_sampling={choices.one_of(mechanism.samplers)}`'
+                   if mechanism is not None else '')
+        raise UserInputError(f'{chosen} amplifies {choices.one_of(amplified)} only (`dp={dp}` '
+                             f'has no analysis of it); use `dp={amplified[0]}`{instead}')
       own = self.mechanism_settings()
       if own.get('bands') is None:
-        raise UserInputError('`client_sampling=cyclic_poisson` needs `bands`: the clients are '
-                             'partitioned into that many groups')
+        raise UserInputError(f'{chosen} needs `bands`: the clients are partitioned into that '
+                             'many groups')
+      ungrouped = [s for s in mechanism.samplers if not sampling.get(s).grouped]
       for name in ('min_separation', 'max_participations'):
         if own.get(name) is not None:
-          raise UserInputError(f'`{name}` is a setting of `client_sampling=min_separation`; '
-                               'cyclic Poisson visits each of `bands` groups every `bands` '
-                               'rounds')
+          raise UserInputError(f'`{name}` is a setting of `client_sampling='
+                               f'{choices.one_of(ungrouped)}`; {grouped.title} sampling '
+                               'visits each of `bands` groups every `bands` rounds')
     if mechanism is not None:   # The mechanism's own samplers too, a registered one's as well.
       mechanisms.claim(dp, self.sampling.client_sampling,
                        self.sampling.sampling_probability is not None)
@@ -220,7 +223,7 @@ class ExperimentConfig:
     """The noise-cohort simulation of this run, or None."""
     if self.dp.noise_cohort_size is None:
       return None
-    cyclic = self.sampling.client_sampling == 'cyclic_poisson'
+    cyclic = sampling.get(self.sampling.client_sampling).grouped
     return noise_cohort.NoiseCohort(self.dp.noise_cohort_size, self.dp.noise_population,
                                     self.sampling.clients_per_round,
                                     groups=self.mechanism_settings().get('bands') if cyclic

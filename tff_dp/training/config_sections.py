@@ -64,7 +64,7 @@ class SamplingConfig(Section):
       10, 'Clients per round: the sample size (fixed_size) or its expectation (poisson).',
       check=(lambda v: v >= 1, 'must be a positive integer'))
   client_sampling: str = setting(
-      'poisson', 'How clients are drawn each round.', one_of=choices.CLIENT_SAMPLERS)
+      'poisson', 'How clients are drawn each round.', one_of=mechanisms.SAMPLER_CHOICES)
   sampling_seed: Optional[int] = setting(
       None, 'Make client sampling reproducible from this seed (simulations, tests). Unset: '
       'each round\'s sample is drawn from OS randomness and is secret, as the accountant\'s '
@@ -82,9 +82,9 @@ class SamplingConfig(Section):
 
   def _check(self):
     if (self.sampling_probability is not None
-        and self.client_sampling not in sampling.WITH_PROBABILITY):
+        and self.client_sampling not in sampling.with_rate()):
       raise UserInputError(
-          f'`sampling_probability` is the rate of {choices.one_of(sampling.WITH_PROBABILITY)} '
+          f'`sampling_probability` is the rate of {choices.one_of(sampling.with_rate())} '
           f'sampling; `client_sampling={self.client_sampling}` draws `clients_per_round` '
           'clients a round')
 

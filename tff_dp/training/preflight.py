@@ -18,6 +18,7 @@ from tff_dp import choices
 from tff_dp import ledger as ledger_lib
 from tff_dp import mechanisms
 from tff_dp import run_format
+from tff_dp import sampling
 from tff_dp.run_format import metrics_csv
 from tff_dp.errors import UserInputError
 from tff_dp.training import config as config_lib
@@ -222,7 +223,7 @@ def check_resume_state(path: str, cfg: ExperimentConfig) -> None:
             (run_format.LEDGER_SEAL_FILE, chained, 'its lines are chained'),
             (run_format.POPULATION_DIGEST_FILE, chained, 'the run recorded its population'),
             (run_format.SAMPLING_KEY_FILE,
-             cfg.sampling.client_sampling in choices.PERMUTATION_SAMPLERS
+             sampling.get(cfg.sampling.client_sampling).keyed
              and cfg.sampling.sampling_seed is None, 'its sampler continues a secret schedule')]
   missing = [(name, why) for name, needed_now, why in needed   # What the run did have.
              if needed_now and not os.path.exists(run_format.secret_path(path, name))]

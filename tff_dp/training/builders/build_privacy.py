@@ -12,7 +12,6 @@ import math
 from typing import Any, Mapping, Optional
 
 from tff_dp import accounting
-from tff_dp import choices
 from tff_dp import ledger as ledger_lib
 from tff_dp import mechanisms
 from tff_dp import run_format
@@ -104,7 +103,7 @@ def _sampler(cfg: config_lib.SamplingConfig, client_ids, key_path: str, resume: 
   the epoch)."""
   population_lib.check_sample_size(cfg.clients_per_round, len(client_ids))
   key = None
-  if cfg.client_sampling in choices.PERMUTATION_SAMPLERS and cfg.sampling_seed is None:
+  if sampling.get(cfg.client_sampling).keyed and cfg.sampling_seed is None:
     key = sampling.load_key(key_path)
     if key is None and resume:
       raise UserInputError(f'`resume`: {key_path} is missing; without the shuffling key the '
@@ -177,9 +176,9 @@ def build(sampling_cfg: config_lib.SamplingConfig, dp: config_lib.DPConfig,
   if population_path is not None:
     digest = _check_population(
         population, population_path, resume, recorded_population,
-        sampling_cfg.client_sampling in choices.PERMUTATION_SAMPLERS)
+        sampling.get(sampling_cfg.client_sampling).keyed)
   own = dict(mechanism_settings or {})
-  cyclic = sampling_cfg.client_sampling == 'cyclic_poisson'
+  cyclic = sampling.get(sampling_cfg.client_sampling).grouped
   sampler = _sampler(sampling_cfg, population, key_path, resume,
                      own.get('bands') if cyclic else None)
   mechanism = mechanisms.find(dp.kind)

@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from tff_dp import measurements
 from tff_dp import mechanisms
-from tff_dp.accounting import claims
+from tff_dp import sampling as sampling_lib
 from tff_dp.accounting import guarantee as guarantee_lib
 from tff_dp.run_format import columns
 from tff_dp.run_format import release
@@ -192,42 +192,8 @@ def _simulation(projection: Mapping[str, Any]) -> dict[str, Any]:
 def _sampling(event) -> dict[str, Any]:
   sampling = {'kind': event.kind, 'population': event.population_size,
               'secret': not event.seeded}
-  if event.kind == 'poisson':
-    sampling['probability'] = event.probability
-    sampling['accounted_as'] = 'Poisson subsampling with this probability (exact)'
-  elif event.kind == 'min_separation':
-    sampling['sample_size'] = event.sample_size
-    sampling['accounted_as'] = (
-        'one secret permutation of the population, its blocks visited cyclically: every '
-        f'client every {event.population_size // event.sample_size} rounds, no amplification '
-        'by sampling (correlated noise: the whole run is one Gaussian mechanism whose '
-        'sensitivity is the strategy\'s under min-separation participation). The blocks have '
-        'a fixed size, so adding a client would move others between rounds: the proof is '
-        'under zero-out, not add/remove')
-  elif event.kind == 'cyclic_poisson':
-    sampling['probability'] = event.probability
-    sampling['groups'] = event.groups
-    sampling['accounted_as'] = (
-        f'a secret partition of the population into {event.groups} groups visited cyclically '
-        '(each client draws its group independently from a secret key, so adding a client '
-        'moves no other), each client of the visited group independently with this '
-        'probability (amplified '
-        'BandMF, Choquette-Choo et al. 2023 Theorem 4: per cycle one Poisson-subsampled '
-        'Gaussian whose sensitivity is the strategy\'s largest column norm, composed over the '
-        'cycles; it assumes the bands never exceed the groups, which the run checked)')
-  elif event.kind == 'shuffled':
-    sampling['sample_size'] = event.sample_size
-    sampling['accounted_as'] = (
-        'each epoch a secret permutation of the population, taken in consecutive blocks: '
-        'every client at most once per epoch and per noise tree, no amplification by sampling '
-        '(tree aggregation, one SingleEpochTreeAggregationDpEvent per epoch)')
-  else:
-    sampling['sample_size'] = event.sample_size
-    sampling['accounted_as'] = (
-        'proven: sampling without replacement under replace-one (RDP); the epsilon_* columns '
-        'use Poisson subsampling with q = sample_size / population under add/remove (the '
-        'usual DP-FedAvg approximation, not a proven bound)')
-  if event.kind in claims.WITH_RATE:
+  sampling.update(sampling_lib.get(event.kind).statement(event))
+  if sampling_lib.get(event.kind).with_rate:
     sampling['rate'] = (
         'given (sampling_probability): fixed before the data was seen, the same whatever the '
         'population, so a neighbour with one client more or fewer runs with the same q'
