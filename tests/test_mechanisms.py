@@ -270,3 +270,29 @@ def test_a_correlated_strategy_defined_here_runs_and_is_accounted_from_its_coeff
   statement = json.loads((run_dir / 'summary.json').read_text())['privacy']
   assert statement['neighboring_relation'] == claims.ZERO_OUT
   assert TOY_CORRELATED in statement['mechanism']
+
+
+def test_each_noise_family_is_declared_once_and_read_by_the_config_and_the_claims():
+  """Issue 52, item 2 (in part): what a kind of noise is called, how often a run of it is
+  checkpointed and whether a released round may run again are its declaration's
+  (`noise_families`), for every mechanism of that noise."""
+  from tff_dp.accounting import noise_families  # pylint: disable=g-import-not-at-top
+  assert set(noise_families.FAMILIES) == {c.noise for c in claims.CLAIMS} == {
+      m.noise for m in mechanisms.MECHANISMS.values()}
+  for name, mechanism in mechanisms.MECHANISMS.items():
+    family = noise_families.get(mechanism.noise)
+    assert mechanism.family is family
+    cfg = config_lib.ExperimentConfig.from_settings(
+        dp=name, clip=0.1, noise_multiplier=1.0, client_sampling=mechanism.default_sampler,
+        **({'min_separation': 2, 'max_participations': 1} if family.planned_for_rounds else {}))
+    assert cfg.rounds_per_checkpoint == (1 if family.carries_state else 10)
+    if family.carries_state:
+      with pytest.raises(UserInputError, match='rerun_released_rounds` cannot apply'):
+        config_lib.ExperimentConfig.from_settings(
+            dp=name, clip=0.1, noise_multiplier=1.0, client_sampling=mechanism.default_sampler,
+            rerun_released_rounds=True, resume=True,
+            **({'min_separation': 2, 'max_participations': 1} if family.planned_for_rounds
+               else {}))
+    unproven = next(s for s in sampling.KINDS if s not in claims.proven_samplers(family.name))
+    with pytest.raises(UserInputError, match=re.escape(f'{family.title} has no proof with')):
+      claims.claim(family.name, unproven)

@@ -39,6 +39,7 @@ from typing import Optional, Sequence
 
 from tff_dp import errors
 from tff_dp import sampling
+from tff_dp.accounting import noise_families
 
 ZERO_OUT = 'replace_special'
 RELATIONS = ('add_remove', 'replace_one', ZERO_OUT)
@@ -138,17 +139,6 @@ if _WRONG_RATE:   # A row has a rate exactly when its sampler's declaration draw
 _BY_ROW = {(c.noise, c.sampler, c.rate_given): c for c in CLAIMS}
 
 
-# What each kind of noise is called in a refusal, and why a sampler without a row has no proof
-# for it. Mechanism names are the mechanisms' registry's to add (`tff_dp.mechanisms.claim`).
-_NOISE_TEXT = {
-    'independent': ('independent Gaussian noise', 'its amplification of this noise is not '
-                    'analysed'),
-    'tree': ('tree-aggregation noise (DP-FTRL)', 'a client could be in several rounds of one '
-             'tree'),
-    'correlated': ('correlated noise', 'no analysis of its participation'),
-}
-
-
 def proven_samplers(noise: str) -> list[str]:
   """The samplers with a row for `noise`, in the table's order (the first is the one to use)."""
   return list(dict.fromkeys(c.sampler for c in CLAIMS if c.noise == noise))
@@ -156,8 +146,8 @@ def proven_samplers(noise: str) -> list[str]:
 
 def _unproven(noise: str, sampler: str) -> str:
   """The one line refusing an unproven pair, saying what to use instead."""
-  name, why = _NOISE_TEXT[noise]
-  return (f'{name} has no proof with {sampler} sampling ({why}); use '
+  family = noise_families.get(noise)   # Mechanism names are `mechanisms.claim`'s to add.
+  return (f'{family.title} has no proof with {sampler} sampling ({family.unproven_because}); use '
           f'`client_sampling={proven_samplers(noise)[0]}`')
 
 

@@ -110,7 +110,8 @@ def check_before_the_run(cfg, train_ids: Sequence, test_ids: Sequence) -> None:
     return
   if cfg.accounting.delta is not None:
     accounting.check_delta(cfg.accounting.delta, fewest)
-  if mechanism.noise == 'correlated' and not sampling.get(cfg.sampling.client_sampling).grouped:
+  if (mechanism.family.planned_for_rounds
+      and not sampling.get(cfg.sampling.client_sampling).grouped):
     correlated_schedule(cfg.mechanism_settings(),
                         sampling.rounds_per_epoch(most, cfg.sampling.clients_per_round),
                         cfg.training.total_rounds)

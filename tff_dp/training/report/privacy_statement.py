@@ -43,13 +43,6 @@ _POPULATION_TEXT = (
     'the population size N (and so the sampling rate) is recorded in ledger.jsonl, summary.json '
     'and config.json and is treated as public: the guarantee protects each client\'s data and '
     'participation, not the number of clients')
-_MECHANISM_TEXT = {
-    'independent': 'DP-FedAvg ({dp} clipping, Gaussian noise), as recorded in ledger.jsonl',
-    'tree': 'DP-FTRL ({dp}: tree-aggregation noise), as recorded in ledger.jsonl',
-    'correlated': 'DP-FTRL ({dp}: correlated noise, fixed clip), the strategy and schedule as '
-                  'recorded in ledger.jsonl (`correlated`: buf_decay / output_scale, bands or '
-                  'coefs, min_separation, max_participations)',
-}
 _EVAL_TEXT = {
     'test_disjoint': 'the task\'s test split, whose clients are not in the training population',
     'test_shared': 'the task\'s test split, which holds clients of the training population: '
@@ -120,7 +113,7 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
                              if headline.poisson_approximation is not None else '')
                           + (' with amplification by sampling' if seeded else '')),
       'rounds': rounds_completed,
-      'mechanism': _MECHANISM_TEXT[mechanisms.get(dp).noise].format(dp=dp),
+      'mechanism': mechanisms.get(dp).family.statement.format(dp=dp),
       'sampling': _sampling(sampling_event),
       'evaluation': _EVAL_TEXT[eval_data],
       **_outputs(facts, released_columns, files),
