@@ -296,3 +296,35 @@ def test_each_noise_family_is_declared_once_and_read_by_the_config_and_the_claim
     unproven = next(s for s in sampling.KINDS if s not in claims.proven_samplers(family.name))
     with pytest.raises(UserInputError, match=re.escape(f'{family.title} has no proof with')):
       claims.claim(family.name, unproven)
+
+
+def named_mechanisms(source: str, names=BUILT_IN) -> list[tuple[int, str]]:
+  """(line, text) of every string constant but a docstring that names a mechanism: as a `dp=`
+  value, or by a name that is no English word (a message or help text written by hand)."""
+  coined = [n for n in names if n not in ('fixed', 'adaptive', 'joint')]
+  pattern = re.compile(r'dp=(' + '|'.join(sorted(names, key=len, reverse=True)) + r')\b'
+                       r'|(?<![\w-])(' + '|'.join(coined) + r')(?![\w-])')
+  tree = ast.parse(source)
+  docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef))
+                and node.body and isinstance(node.body[0], ast.Expr)}
+  return [(node.lineno, node.value[:60]) for node in ast.walk(tree)
+          if isinstance(node, ast.Constant) and isinstance(node.value, str)
+          and id(node) not in docstrings and pattern.search(node.value)]
+
+
+def test_the_message_checker_finds_names_written_by_hand():
+  source = ('"""About blt."""\nA = "use `dp=fixed`"\nB = "fixed clipping"\nC = f"{x} or bandmf"\n'
+            'D = "DP-FTRL"\n')
+  assert [line for line, _ in named_mechanisms(source)] == [2, 4]
+
+
+def test_no_message_outside_mechanisms_names_a_mechanism():
+  """Issue 52, item 3: refusals and help texts below the registry named mechanisms by hand
+  ("correlated noise (blt, bandmf)", `dp=blt|bandmf`); they now derive them from the registry
+  or name the kind of noise."""
+  package = pathlib.Path(REPO) / 'tff_dp'
+  found = {str(p.relative_to(REPO)): named_mechanisms(p.read_text())
+           for p in sorted(package.rglob('*.py'))
+           if p.relative_to(package).parts[0] != 'mechanisms'}
+  assert {path: hits for path, hits in found.items() if hits} == {}

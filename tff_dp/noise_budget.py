@@ -71,7 +71,7 @@ def update_noise_multiplier(noise_multiplier: float, clipped_count_stddev: float
         f'`noise_multiplier={noise_multiplier:g}` is not achievable with '
         f'`clipped_count_stddev={clipped_count_stddev:g}`: {what} already spend(s) the whole '
         f'budget. Raise `clipped_count_stddev` above {needed:g} (e.g. {2 * needed:g}), lower '
-        '`noise_multiplier`, or use fixed clipping (`dp=fixed`).')
+        '`noise_multiplier`, or use a fixed clip (a mechanism without clipped-count queries).')
   return (noise_multiplier**-2 - k * (2 * clipped_count_stddev)**-2)**-0.5
 
 

@@ -65,19 +65,20 @@ flags.DEFINE_enum('neighboring', None, ['add_remove', 'replace_one', 'replace_sp
                   'under min separation. Default: the relation the ledger\'s claim is proven '
                   'under (docs/PRIVACY.md, "Claims"); another is refused.',
                   flag_values=FLAGS)
+_CORRELATED = ' / '.join(mechanisms.with_noise('correlated'))
 flags.DEFINE_enum('mechanism', 'gaussian',
                   ['gaussian', 'tree'] + mechanisms.with_noise('correlated'),
                   'Calibration mode: gaussian (DP-FedAvg: independent noise each round), '
                   'tree (DP-FTRL: tree-aggregation noise over epochs of shuffled '
-                  'participation, N // m rounds each), or blt / bandmf (correlated-noise '
+                  f'participation, N // m rounds each), or {_CORRELATED} (correlated-noise '
                   'DP-FTRL under --min_separation and --max_participations).',
                   flag_values=FLAGS)
-flags.DEFINE_integer('min_separation', None, 'Calibration, blt / bandmf: rounds between two '
+flags.DEFINE_integer('min_separation', None, f'Calibration, {_CORRELATED}: rounds between two '
                      'participations of a client, at least.', flag_values=FLAGS)
-flags.DEFINE_integer('max_participations', None, 'Calibration, blt / bandmf: participations '
-                     'of a client, at most.', flag_values=FLAGS)
-flags.DEFINE_integer('bands', None, 'Calibration, bandmf: bands of the strategy (default '
-                     '--min_separation).', flag_values=FLAGS)
+flags.DEFINE_integer('max_participations', None, f'Calibration, {_CORRELATED}: '
+                     'participations of a client, at most.', flag_values=FLAGS)
+flags.DEFINE_integer('bands', None, f'Calibration, {" / ".join(mechanisms.with_setting("bands"))}'
+                     ': bands of the strategy (default --min_separation).', flag_values=FLAGS)
 flags.DEFINE_integer('pld_every', None, 'Curve mode: compute PLD every this many records '
                      '(default: about 20 points). Each PLD evaluation costs ~0.2-2 s at the '
                      'default --pld_discretization, ~10x more at 1e-4.', flag_values=FLAGS)

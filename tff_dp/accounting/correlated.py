@@ -77,7 +77,8 @@ def not_amplifiable(mechanism: str) -> errors.UserInputError:
   """The refusal of cyclic Poisson sampling for a strategy that is not banded."""
   return errors.UserInputError(
       f'`dp={mechanism}` cannot be amplified by cyclic Poisson sampling (its noise spans all '
-      'rounds, not bands); use `dp=bandmf`, or `client_sampling=min_separation`')
+      'rounds, not bands): only a banded strategy is; use a banded mechanism, or '
+      'min-separation sampling')
 
 
 def check_amplified_record(noise: ledger.CorrelatedNoise, groups: int) -> None:

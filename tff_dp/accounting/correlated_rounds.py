@@ -36,7 +36,7 @@ from tff_dp.matrix_factorization import toeplitz
 
 class CorrelatedRounds(mechanism_account.MechanismAccount):
   """RDP / PLD of a correlated-noise ledger so far."""
-  name = 'correlated-noise DP-FTRL (blt, bandmf)'
+  name = 'correlated-noise DP-FTRL'
 
   def __init__(self, orders: Sequence[float], neighboring_relation: str,
                methods: Sequence[str], pld_discretization: float):

@@ -11,6 +11,7 @@ Pure Python until a factory is built (then TensorFlow loads).
 """
 
 import collections.abc
+import dataclasses
 from typing import Iterator, Optional
 
 from tff_dp import choices
@@ -33,7 +34,8 @@ from tff_dp.mechanisms.base import FactoryRequest
 from tff_dp.mechanisms.base import Mechanism
 
 __all__ = ['CORRELATED_ARGUMENTS', 'FactoryRequest', 'DP_KINDS', 'MECHANISMS', 'NO_DP', 'Mechanism',
-           'SAMPLER_CHOICES', 'build_aggregator', 'claim', 'find', 'get', 'register', 'with_noise']
+           'SAMPLER_CHOICES', 'build_aggregator', 'claim', 'find', 'get', 'register', 'with_noise',
+           'with_setting']
 
 NO_DP = 'none'   # The `dp` setting of plain FedAvg: no mechanism.
 MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
@@ -115,6 +117,12 @@ def find(kind: str) -> Optional[Mechanism]:
 def with_noise(noise: str) -> list[str]:
   """The mechanisms whose noise is `noise` ('independent', 'tree' or 'correlated')."""
   return [name for name, m in MECHANISMS.items() if m.noise == noise]
+
+
+def with_setting(setting: str) -> list[str]:
+  """The mechanisms that take `setting` as one of their own settings (`Mechanism.settings`)."""
+  return [name for name, m in MECHANISMS.items()
+          if any(setting in {f.name for f in dataclasses.fields(s)} for s in m.settings)]
 
 
 def claim(name: str, sampler: str, probability_given: bool = False) -> claims.Claim:

@@ -233,8 +233,10 @@ def check_noise_memory(dp_factory, trainable_shapes, available: Optional[int]) -
   need = copies * 4 * sum(math.prod(s) for s in trainable_shapes)
   if need > available / 2:
     kind = dp_factory.strategy.mechanism
-    instead = ('`dp=blt` (a few buffers) or fewer `bands`' if dp_factory.strategy.bands
-               else 'a smaller model')
+    fewer = [n for n in mechanisms.with_noise(mechanisms.get(kind).noise)
+             if n not in mechanisms.with_setting('bands')]
+    instead = (f'`dp={"|".join(fewer)}` (a few buffers) or fewer `bands`'
+               if dp_factory.strategy.bands else 'a smaller model')
     raise UserInputError(
         f'`dp={kind}` keeps {copies} model copies of noise state ({need / 2**30:.2f} GiB) '
         f'with {available / 2**30:.2f} GiB available; use '
