@@ -116,6 +116,10 @@ def test_the_settings_a_resume_may_change_are_the_same_as_before():
     (dict(dp='ftrl', clip=1.0, noise_multiplier=1.0, client_sampling='shuffled', resume=True,
           rerun_released_rounds=True),
      '`rerun_released_rounds` cannot apply to `dp=ftrl`'),
+    # A setting that would be silently ignored (the new-user re-trial of issue 51).
+    (dict(dp='none', data_dir='/data', embedded_data_dir='/elsewhere'),
+     'with `data_dir` it is not used'),
+    (dict(dp='none', canary_seed=3), 'without `num_canaries` there is none'),
 ])
 def test_bad_settings_are_refused_naming_the_setting(settings, message):
   with pytest.raises(UserInputError) as raised:

@@ -56,6 +56,12 @@ class TaskConfig(Section):
       'the 400-client StackOverflow subset of the AdaDPS federated experiment); unset: all '
       'clients.', check=(lambda v: v >= 1, 'must be >= 1 when set'))
 
+  def _check(self):
+    if (self.data_dir is not None
+        and self.embedded_data_dir != task_registry.DEFAULT_EMBEDDED_DATA_DIR):
+      raise UserInputError('`embedded_data_dir` is where the embedded dataset is generated '
+                           'when `data_dir` is unset; with `data_dir` it is not used: drop one')
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SamplingConfig(Section):
@@ -419,6 +425,11 @@ class CanaryConfig(Section):
       None, 'Make the canary directions reproducible from this seed (tests). Unset: they come '
       'from a secret key kept beside the checkpoints, as the estimate assumes.',
       check=(lambda v: 0 <= v < 2**63, 'must be in [0, 2^63) when set'))
+
+  def _check(self):
+    if self.canary_seed is not None and not self.num_canaries:
+      raise UserInputError('`canary_seed` seeds the canaries\' directions; without '
+                           '`num_canaries` there is none: drop it or insert canaries')
 
   @property
   def unseen(self) -> int:
