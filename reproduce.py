@@ -392,6 +392,11 @@ def main(argv) -> int:
           f'{", ".join(list_tables(experiments_dir))}, all', file=sys.stderr)
     return 2
   data_dir = os.path.expanduser(_DATA_DIR.value)
+  if _SCALE.value != 'full' and flags.FLAGS['data_dir'].present:
+    print(f'error: --data_dir is where --scale=full reads the real datasets; --scale='
+          f'{_SCALE.value} runs on the embedded data and would ignore it: drop it or give '
+          '--scale=full', file=sys.stderr)
+    return 2
   if _SCALE.value == 'full' and not os.path.isdir(data_dir):
     print(f'error: --data_dir {data_dir} does not exist; download the datasets first with '
           'TFF\'s loaders, e.g. tff.simulation.datasets.emnist.load_data(only_digits=False, '

@@ -78,12 +78,12 @@ def check_task_data(family: str, data_dir: str, only_digits: bool = False) -> st
 
 def check_data_dir(data_dir: str) -> None:
   if not data_dir:
-    raise UserInputError('no data directory given (--data_dir)')
+    raise UserInputError('no data directory given (`data_dir`)')
   if os.path.exists(data_dir) and not os.path.isdir(data_dir):
-    raise UserInputError(f'data directory {data_dir} is a file, not a directory (it holds the '
+    raise UserInputError(f'`data_dir` {data_dir} is a file, not a directory (it holds the '
                          'task\'s SQLite files)')
   if not os.path.isdir(data_dir):
-    raise UserInputError(f'data directory {data_dir} does not exist')
+    raise UserInputError(f'`data_dir` {data_dir} does not exist')
   if not os.access(data_dir, os.R_OK | os.X_OK):
     raise UserInputError(f'data directory {data_dir} cannot be read (permission denied)')
 

@@ -80,6 +80,13 @@ def test_resume_of_a_missing_run_names_the_missing_directory(tmp_path):
     (['--plan', '--rounds=10', '--population=100', '--clients_per_round=10',
       '--plan_noise_multipliers='], 'must list at least one value'),
     ([], 'give a mode: --ledger'),
+    # The re-trial of issue 51: another mode's flag was accepted and ignored.
+    (['--target_epsilon=2', '--rounds=10', '--population=100', '--clients_per_round=10',
+      '--plan_cohorts=5'], '--plan_cohorts is a setting of --plan, which was not given'),
+    (['--target_epsilon=2', '--rounds=10', '--population=100', '--clients_per_round=10',
+      '--pld_every=5'], '--pld_every is a setting of --ledger, which was not given'),
+    (['--target_epsilon=2', '--rounds=10', '--population=100', '--clients_per_round=10',
+      '--ledger_key=k'], '--ledger_key is a setting of --ledger'),
 ])
 def test_the_accounting_cli_refuses_bad_values_in_one_line(args, message, capsys):
   from tff_dp.accounting import __main__ as cli  # pylint: disable=g-import-not-at-top
@@ -99,7 +106,9 @@ def test_reproduce_refuses_paths_it_cannot_use_before_any_arm_runs(tmp_path):
       (['--root_output_dir=/proc/tables'], '/proc refuses new directories'),
       (['--experiments_dir=/nonexistent'], '--experiments_dir /nonexistent is not a directory'),
       # Issue 51, item 4: an empty experiments directory exited 0 having printed nothing.
-      ([f'--experiments_dir={tmp_path}'], f'--experiments_dir {tmp_path} holds no table')):
+      ([f'--experiments_dir={tmp_path}'], f'--experiments_dir {tmp_path} holds no table'),
+      # The re-trial: --data_dir at the smoke scale was ignored.
+      ([f'--data_dir={tmp_path}'], '--data_dir is where --scale=full reads')):
     code, _, err = main_in_process('reproduce.py', ['--table=all'] + args)
     assert code == 2 and err.startswith('error: ') and message in err, err
     assert 'Traceback' not in err
@@ -203,7 +212,7 @@ def test_refusals_of_data_output_and_resume_come_before_tensorflow(tag_task, tag
           f'--root_output_dir={tmp_path / "runs"}']
   resume = ['--resume', f'--root_output_dir={tmp_path / "runs"}', '--experiment_name=made']
   cases = [
-      (['--task=emnist', '--data_dir=/proc/nope'], 'data directory /proc/nope does not exist'),
+      (['--task=emnist', '--data_dir=/proc/nope'], '--data_dir /proc/nope does not exist'),
       (['--task=emnist', f'--data_dir={tmp_path / "empty"}'], 'emnist_all.sqlite not found'),
       (['--task=emnist', f'--data_dir={tmp_path / "corrupt"}'], 'not an SQLite database'),
       (['--task=emnist', f'--data_dir={tag_data_dir}'], 'emnist_all.sqlite not found'),

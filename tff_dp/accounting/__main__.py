@@ -310,6 +310,23 @@ def _calibrate() -> None:
         f'sampling={result.sampling}')
 
 
+# The flags of one mode only: given in another, they would be ignored, so they are refused.
+_MODE_FLAGS = {
+    'plan': ('plan_noise_multipliers', 'plan_cohorts', 'plan_mechanisms', 'plan_output'),
+    'ledger': ('ledger_key', 'ledger_seal', 'pld_every', 'pld_discretization'),
+}
+
+
+def _check_mode_flags() -> None:
+  """Refuses a flag of a mode that was not chosen."""
+  chosen = {'plan': FLAGS.plan, 'ledger': FLAGS.ledger is not None}
+  for mode, names in _MODE_FLAGS.items():
+    given = [name for name in names if FLAGS[name].present]
+    if given and not chosen[mode]:
+      raise errors.UserInputError(f'--{given[0]} is a setting of --{mode}, which was not '
+                                  f'given: it would be ignored; drop it or give --{mode}.')
+
+
 def main(argv) -> int:
   try:
     if cli_flags.parse(FLAGS, argv, __doc__) == 0:
@@ -325,6 +342,7 @@ def main(argv) -> int:
                                   'planner), or --repair (a ledger\'s partial last line).')
     if FLAGS.delta is None:
       raise errors.UserInputError('--delta is required.')
+    _check_mode_flags()
     if FLAGS.plan:
       if FLAGS.ledger is not None:
         raise errors.UserInputError('--plan draws planned runs and --ledger replays a run: '
@@ -334,9 +352,6 @@ def main(argv) -> int:
     if (FLAGS.ledger is None) == (FLAGS.target_epsilon is None):
       raise errors.UserInputError('give exactly one of --ledger (epsilon curve) or '
                                   '--target_epsilon (calibration).')
-    if FLAGS.ledger_key is not None and FLAGS.ledger is None:
-      raise errors.UserInputError('--ledger_key verifies the ledger given with --ledger; give '
-                                  'both.')
     if FLAGS.ledger is not None:
       _curve()
     else:
