@@ -10,7 +10,7 @@ import os
 import re
 import signal
 import sys
-from typing import Collection, NoReturn, Optional
+from typing import Callable, Collection, Mapping, NoReturn, Optional, Sequence
 
 from absl import flags
 
@@ -46,6 +46,26 @@ def path(value: Optional[str]) -> Optional[str]:
 
 # A parameter as library messages name it: `name` or `name=value` (see tff_dp.errors).
 _PARAMETER = re.compile(r'`([A-Za-z_]\w*)(=[^`]*)?`')
+
+
+def numbers(flag_values: flags.FlagValues, name: str, cast: Callable) -> list:
+  """The list flag `name`'s values as numbers (UserInputError naming the flag otherwise)."""
+  try:
+    return [cast(v) for v in flag_values[name].value or ()]
+  except ValueError:
+    raise errors.UserInputError(f'--{name} must be a comma-separated list of numbers, got '
+                                f'{",".join(flag_values[name].value)}.') from None
+
+
+def refuse_unchosen(flag_values: flags.FlagValues,
+                    modes: Mapping[str, tuple[bool, Sequence[str]]]) -> None:
+  """UserInputError for a flag of a mode that was not chosen (`modes`: the mode's flag ->
+  (whether it was chosen, the flags only it reads)): the flag would be ignored."""
+  for mode, (chosen, names) in modes.items():
+    given = [name for name in names if flag_values[name].present]
+    if given and not chosen:
+      raise errors.UserInputError(f'--{given[0]} is a setting of --{mode}, which was not '
+                                  f'given: it would be ignored; drop it or give --{mode}.')
 
 
 def as_flags(message: str, flag_names: Collection[str]) -> str:

@@ -241,14 +241,6 @@ def _calibrate_correlated() -> None:
         f'{FLAGS.max_participations})')
 
 
-def _numbers(name: str, cast) -> list:
-  try:
-    return [cast(v) for v in FLAGS[name].value or ()]
-  except ValueError:
-    raise errors.UserInputError(f'--{name} must be a comma-separated list of numbers, got '
-                                f'{",".join(FLAGS[name].value)}.') from None
-
-
 def _plan() -> None:
   """Planner mode: the table on stdout, the picture at --plan_output."""
   from tff_dp.accounting import planner  # pylint: disable=g-import-not-at-top
@@ -258,7 +250,7 @@ def _plan() -> None:
   if FLAGS.rounds > MAX_PLAN_ROUNDS:
     raise errors.UserInputError(f'--rounds={FLAGS.rounds}: the planner draws at most '
                                 f'{MAX_PLAN_ROUNDS:,} rounds.')
-  cohorts = _numbers('plan_cohorts', int) or (
+  cohorts = cli_flags.numbers(FLAGS, 'plan_cohorts', int) or (
       [FLAGS.clients_per_round] if FLAGS.clients_per_round is not None else [])
   if not cohorts:
     raise errors.UserInputError('--plan needs --plan_cohorts or --clients_per_round.')
@@ -268,7 +260,7 @@ def _plan() -> None:
                                 'existing directory.')
   found = planner.curves(
       total_rounds=FLAGS.rounds, population=FLAGS.population, delta=FLAGS.delta,
-      noise_multipliers=_numbers('plan_noise_multipliers', float), cohort_sizes=cohorts,
+      noise_multipliers=cli_flags.numbers(FLAGS, 'plan_noise_multipliers', float), cohort_sizes=cohorts,
       mechanisms=FLAGS.plan_mechanisms, bands=FLAGS.bands)
   target = FLAGS.target_epsilon
   print(f'mechanism,noise_multiplier,clients_per_round,epsilon_rdp_after_{FLAGS.rounds}'
@@ -310,23 +302,6 @@ def _calibrate() -> None:
         f'sampling={result.sampling}')
 
 
-# The flags of one mode only: given in another, they would be ignored, so they are refused.
-_MODE_FLAGS = {
-    'plan': ('plan_noise_multipliers', 'plan_cohorts', 'plan_mechanisms', 'plan_output'),
-    'ledger': ('ledger_key', 'ledger_seal', 'pld_every', 'pld_discretization'),
-}
-
-
-def _check_mode_flags() -> None:
-  """Refuses a flag of a mode that was not chosen."""
-  chosen = {'plan': FLAGS.plan, 'ledger': FLAGS.ledger is not None}
-  for mode, names in _MODE_FLAGS.items():
-    given = [name for name in names if FLAGS[name].present]
-    if given and not chosen[mode]:
-      raise errors.UserInputError(f'--{given[0]} is a setting of --{mode}, which was not '
-                                  f'given: it would be ignored; drop it or give --{mode}.')
-
-
 def main(argv) -> int:
   try:
     if cli_flags.parse(FLAGS, argv, __doc__) == 0:
@@ -342,7 +317,11 @@ def main(argv) -> int:
                                   'planner), or --repair (a ledger\'s partial last line).')
     if FLAGS.delta is None:
       raise errors.UserInputError('--delta is required.')
-    _check_mode_flags()
+    cli_flags.refuse_unchosen(FLAGS, {   # The flags only one mode reads.
+        'plan': (FLAGS.plan, ('plan_noise_multipliers', 'plan_cohorts', 'plan_mechanisms',
+                              'plan_output')),
+        'ledger': (FLAGS.ledger is not None, ('ledger_key', 'ledger_seal', 'pld_every',
+                                              'pld_discretization'))})
     if FLAGS.plan:
       if FLAGS.ledger is not None:
         raise errors.UserInputError('--plan draws planned runs and --ledger replays a run: '
