@@ -42,7 +42,7 @@ def _scales(shapes):
 
 def _factory(kind, shapes):
   inner = 'fixed' if kind == 'adadps_server' else kind
-  extra = {'rounds_per_epoch': 5} if mechanisms.get(inner).noise == 'tree' else {}
+  extra = {'rounds_per_epoch': 5} if mechanisms.get(inner).noise.records_tree_leaf else {}
   factory = mechanisms.build_aggregator(
       inner, noise_multiplier=0.0, clients_per_round=CLIENTS_PER_ROUND, clip=CLIP, **extra)
   if kind == 'adadps_server':

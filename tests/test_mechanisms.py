@@ -21,11 +21,14 @@ from run_helpers import metrics_rows
 from run_helpers import run_stopped_after
 from tff_dp import ledger as ledger_lib
 from tff_dp import mechanisms
+from tff_dp import privacy
 from tff_dp import sampling
 from tff_dp.accounting import claims
+from tff_dp.accounting import noise_families
 from tff_dp.errors import UserInputError
 from tff_dp.training import config as config_lib
 from tff_dp.training import config_flags
+from tff_dp.training.builders import build_privacy
 
 BUILT_IN = frozenset(mechanisms.MECHANISMS)
 
@@ -91,8 +94,8 @@ def test_each_mechanisms_claims_are_the_claim_tables_rows_for_its_noise_and_samp
   for name, mechanism in mechanisms.MECHANISMS.items():
     for sampler in sampling.KINDS:
       if sampler in mechanism.samplers:
-        assert mechanisms.claim(name, sampler) == claims.claim(mechanism.noise, sampler)
-        used.add((mechanism.noise, sampler))
+        assert mechanisms.claim(name, sampler) == claims.claim(mechanism.noise.name, sampler)
+        used.add((mechanism.noise.name, sampler))
       else:
         with pytest.raises(UserInputError, match=f'client_sampling|{sampler}'):
           mechanisms.claim(name, sampler)
@@ -104,7 +107,8 @@ def test_each_mechanisms_claims_are_the_claim_tables_rows_for_its_noise_and_samp
 
 def test_a_mechanism_that_lists_a_sampler_without_a_proof_cannot_be_declared():
   with pytest.raises(UserInputError, match='no proof with poisson sampling'):
-    mechanisms.Mechanism(name='unproven', description='', noise='tree', samplers=('poisson',),
+    mechanisms.Mechanism(name='unproven', description='', noise=noise_families.TREE,
+                         samplers=('poisson',),
                          build_factory=lambda *a: None)
   with pytest.raises(ValueError, match='already'):
     mechanisms.register(mechanisms.MECHANISMS['fixed'])
@@ -131,7 +135,7 @@ def _toy_factory(request: mechanisms.FactoryRequest):
 @pytest.fixture
 def toy_mechanism():
   mechanisms.register(mechanisms.Mechanism(
-      name=TOY, description='fixed clip, twice the noise', noise='independent',
+      name=TOY, description='fixed clip, twice the noise', noise=noise_families.INDEPENDENT,
       samplers=('poisson',), build_factory=_toy_factory))
   yield
   del mechanisms.MECHANISMS[TOY]
@@ -224,7 +228,8 @@ TOY_COEFS = (1.0, 0.5)   # C = lower-triangular Toeplitz: 1 on the diagonal, 0.5
 @pytest.fixture
 def toy_correlated_mechanism():
   mechanisms.register(mechanisms.Mechanism(
-      name=TOY_CORRELATED, description='two-coefficient Toeplitz noise', noise='correlated',
+      name=TOY_CORRELATED, description='two-coefficient Toeplitz noise',
+      noise=noise_families.CORRELATED,
       samplers=('min_separation',), extra_arguments=mechanisms.CORRELATED_ARGUMENTS,
       strategy_coefs=lambda rounds, separation, participations, bands, buffers: (TOY_COEFS, {})))
   yield
@@ -276,12 +281,11 @@ def test_each_noise_family_is_declared_once_and_read_by_the_config_and_the_claim
   """Issue 52, item 2 (in part): what a kind of noise is called, how often a run of it is
   checkpointed and whether a released round may run again are its declaration's
   (`noise_families`), for every mechanism of that noise."""
-  from tff_dp.accounting import noise_families  # pylint: disable=g-import-not-at-top
   assert set(noise_families.FAMILIES) == {c.noise for c in claims.CLAIMS} == {
-      m.noise for m in mechanisms.MECHANISMS.values()}
+      m.noise.name for m in mechanisms.MECHANISMS.values()}
   for name, mechanism in mechanisms.MECHANISMS.items():
-    family = noise_families.get(mechanism.noise)
-    assert mechanism.family is family
+    family = mechanism.noise
+    assert noise_families.get(family.name) is family
     cfg = config_lib.ExperimentConfig.from_settings(
         dp=name, clip=0.1, noise_multiplier=1.0, client_sampling=mechanism.default_sampler,
         **({'min_separation': 2, 'max_participations': 1} if family.planned_for_rounds else {}))
@@ -328,3 +332,51 @@ def test_no_message_outside_mechanisms_names_a_mechanism():
            for p in sorted(package.rglob('*.py'))
            if p.relative_to(package).parts[0] != 'mechanisms'}
   assert {path: hits for path, hits in found.items() if hits} == {}
+
+
+def test_what_a_factory_takes_from_the_schedule_is_its_noise_familys():
+  """Issue 52, item 2: the tree's epoch and a strategy's plan were branches on the noise's
+  name in build_privacy and privacy.py, each its own formula (the library API planned
+  amplified BandMF for one participation, the command line for ceil(rounds / cycle)); they
+  are the family's `schedule` now, read by both. Expected values by hand: a 5-round cycle
+  over 12 rounds visits a client at most ceil(12 / 5) = 3 times."""
+  assert noise_families.INDEPENDENT.schedule(5, 12, {}) == {}
+  assert noise_families.TREE.schedule(5, 12, {}) == {'rounds_per_epoch': 5}
+  assert noise_families.CORRELATED.schedule(5, 12, {'bands': 4}, amplified=True) == {
+      'rounds': 12, 'min_separation': 5, 'max_participations': 3, 'bands': 4,
+      'amplified': True}
+  assert noise_families.CORRELATED.schedule(
+      5, 12, {'min_separation': 4, 'max_participations': 5})['min_separation'] == 4
+  with pytest.raises(UserInputError, match='max_participations=2'):
+    noise_families.CORRELATED.schedule(5, 12, {'max_participations': 2})
+
+
+def test_the_library_api_and_the_command_line_plan_one_schedule():
+  ids = [f'c{i}' for i in range(40)]
+  private = privacy.PrivateAggregation.build(
+      'bandmf', ids, clients_per_round=10, clip=1.0, noise_multiplier=1.0, delta=1e-5,
+      rounds=10, sampling_kind='cyclic_poisson', bands=4, sampling_probability=0.25)
+  cfg = config_lib.ExperimentConfig.from_settings(
+      dp='bandmf', clip=1.0, noise_multiplier=1.0, client_sampling='cyclic_poisson', bands=4,
+      clients_per_round=10, total_rounds=10)
+  factory = build_privacy.build_aggregator(cfg.dp, 10, 4, 10, amplified=True,
+                                           mechanism_settings=cfg.mechanism_settings())
+  # Four groups over 10 rounds: every 4 rounds, at most ceil(10 / 4) = 3 times.
+  assert (private.aggregator.strategy.min_separation,
+          private.aggregator.strategy.max_participations) == (4, 3)
+  assert private.aggregator.strategy == factory.strategy
+
+
+def test_no_module_outside_the_families_compares_a_noise_familys_name():
+  """What differs between kinds of noise is the family's declaration: no module branches on
+  its name. The accounting CLI's and the planner's modes share two of its words."""
+  names = set(noise_families.FAMILIES)
+  package = pathlib.Path(REPO) / 'tff_dp'
+  found = {str(p.relative_to(REPO)): [name for _, name in name_compares(p.read_text(), names)]
+           for p in sorted(package.rglob('*.py'))}
+  assert {path: hits for path, hits in found.items() if hits} == {
+      'tff_dp/accounting/__main__.py': ['tree'],        # --mechanism=tree (calibration mode)
+      'tff_dp/accounting/calibration.py': ['tree'],     # calibrate_noise_multiplier's mode
+      'tff_dp/accounting/planner.py': ['correlated'],   # the planner's curve
+      'tff_dp/ledger/records.py': ['correlated'],       # the record's JSON key
+  }

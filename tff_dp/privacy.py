@@ -94,7 +94,6 @@ class PrivateAggregation:
       raise errors.UserInputError(f'`kind` must be one of '
                                   f'{choices.one_of(mechanisms.MECHANISMS)}, got {kind!r}')
     mechanism = mechanisms.get(kind)
-    noise = mechanism.noise
     sampling_kind = sampling_kind or mechanism.default_sampler
     claim = mechanisms.claim(kind, sampling_kind, sampling_probability is not None)
     groups = bands if sampling.get(sampling_kind).grouped else None
@@ -103,18 +102,13 @@ class PrivateAggregation:
     sampler = sampling.build_sampler(sampling_kind, client_ids, clients_per_round,
                                      seed=sampling_seed, groups=groups,
                                      probability=sampling_probability)
-    options = dict(aggregator_options)
-    if noise == 'tree':
-      options.setdefault('rounds_per_epoch', sampler.rounds_per_epoch)
-    if noise == 'correlated':
-      if rounds is None:
-        raise errors.UserInputError(f'`kind={kind}` plans its noise for the run: give `rounds`')
-      cycle = sampler.rounds_per_epoch
-      options.update(rounds=rounds, min_separation=cycle,
-                     max_participations=1 if groups else math.ceil(rounds / cycle),
-                     amplified=groups is not None)
-      if bands is not None:
-        options['bands'] = bands
+    if mechanism.noise.planned_for_rounds and rounds is None:
+      raise errors.UserInputError(f'`kind={kind}` plans its noise for the run: give `rounds`')
+    own = dict(aggregator_options, **({'bands': bands} if bands is not None else {}))
+    # The options that follow the sampler's schedule (the tree's epoch, a strategy's plan),
+    # unless given.
+    options = {**mechanism.noise.schedule(sampler.rounds_per_epoch, rounds, own,
+                                          amplified=groups is not None), **own}
     aggregator = mechanisms.build_aggregator(
         kind, noise_multiplier=noise_multiplier, clients_per_round=float(clients_per_round),
         clip=clip, **options)
@@ -166,7 +160,8 @@ class PrivateAggregation:
     """Refuses a round of independent noise whose reported queries do not add up to the
     factory's noise multiplier (z_eff of the round, McMahan & Andrew Eq. (1)): metrics of
     another process, or edited ones, would be stated as this mechanism."""
-    if self.claim.noise != 'independent' or self.noise_multiplier is None:
+    if (not mechanisms.get(self.kind).noise.noise_in_round_queries
+        or self.noise_multiplier is None):
       return
     multipliers = events.gaussian_noise_multipliers(
         ledger_lib.RoundRecord(round_num, self.sampler.sampling_event(round_num),

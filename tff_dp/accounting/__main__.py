@@ -44,7 +44,7 @@ from tff_dp import errors
 from tff_dp import ledger
 from tff_dp import mechanisms
 from tff_dp import sampling
-from tff_dp.accounting import claims
+from tff_dp.accounting import noise_families
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_string('ledger', None, 'Path of a ledger.jsonl to replay (curve mode).',
@@ -65,9 +65,9 @@ flags.DEFINE_enum('neighboring', None, ['add_remove', 'replace_one', 'replace_sp
                   'under min separation. Default: the relation the ledger\'s claim is proven '
                   'under (docs/PRIVACY.md, "Claims"); another is refused.',
                   flag_values=FLAGS)
-_CORRELATED = ' / '.join(mechanisms.with_noise('correlated'))
+_CORRELATED = ' / '.join(mechanisms.with_noise(noise_families.CORRELATED))
 flags.DEFINE_enum('mechanism', 'gaussian',
-                  ['gaussian', 'tree'] + mechanisms.with_noise('correlated'),
+                  ['gaussian', 'tree'] + mechanisms.with_noise(noise_families.CORRELATED),
                   'Calibration mode: gaussian (DP-FedAvg: independent noise each round), '
                   'tree (DP-FTRL: tree-aggregation noise over epochs of shuffled '
                   f'participation, N // m rounds each), or {_CORRELATED} (correlated-noise '
@@ -203,7 +203,7 @@ def _calibrate_amplified() -> None:
   print('\n'.join(correlated.describe(found)))
   print(f'epsilon={correlated.amplified_epsilon(q, z, cycles, FLAGS.delta, method)!r} '
         f'delta={FLAGS.delta!r} rounds={FLAGS.rounds} method={method} '
-        f'neighboring={claims.claim("correlated", FLAGS.sampling).relation} '
+        f'neighboring={mechanisms.claim(FLAGS.mechanism, FLAGS.sampling).relation} '
         f'sampling={FLAGS.sampling}(q={q!r}, {FLAGS.bands} groups, {cycles} cycles)')
 
 
@@ -236,7 +236,7 @@ def _calibrate_correlated() -> None:
   print('\n'.join(correlated.describe(found)))
   print(f'epsilon={correlated.gaussian_epsilon(z, FLAGS.delta, method)!r} '
         f'delta={FLAGS.delta!r} rounds={FLAGS.rounds} method={method} '
-        f'neighboring={claims.claim("correlated", "min_separation").relation} '
+        f'neighboring={mechanisms.claim(FLAGS.mechanism, "min_separation").relation} '
         f'participation=min_separation({FLAGS.min_separation}, at most '
         f'{FLAGS.max_participations})')
 
@@ -279,7 +279,7 @@ def _plan() -> None:
 
 def _calibrate() -> None:
   from tff_dp.accounting import calibration  # pylint: disable=g-import-not-at-top
-  if FLAGS.mechanism in mechanisms.with_noise('correlated'):
+  if FLAGS.mechanism in mechanisms.with_noise(noise_families.CORRELATED):
     _calibrate_correlated()
     return
   for name in ('rounds', 'clients_per_round', 'population'):

@@ -34,6 +34,7 @@ from tff_dp import noise_budget
 from tff_dp import sampling as sampling_lib
 from tff_dp.accounting import accountant
 from tff_dp.accounting import claims
+from tff_dp.accounting import noise_families
 from tff_dp.accounting import events
 
 MECHANISMS = ('gaussian', 'tree')
@@ -137,12 +138,12 @@ def calibrate_noise_multiplier(
                            clipped_count_stddev, neighboring_relation, method, tol)
   event = _sampling_event(sampling_probability, population_size, clients_per_round, sampling)
   if neighboring_relation is None:   # The claim's: zero-out when q is derived from N.
-    neighboring_relation = claims.claim('independent', sampling,
+    neighboring_relation = claims.claim(noise_families.INDEPENDENT.name, sampling,
                                         event.probability_given).columns_relation
   accountant.check_relation(neighboring_relation)
   relation = events.dp_accounting_relation(neighboring_relation, sampled=True)
   proven = list(dict.fromkeys(   # The samplers whose rows (or their columns) use it.
-      c.sampler for c in claims.CLAIMS if c.noise == 'independent'
+      c.sampler for c in claims.CLAIMS if c.noise == noise_families.INDEPENDENT.name
       and neighboring_relation in (c.relation, c.columns_relation)))
   if sampling not in proven:
     raise errors.UserInputError(

@@ -126,6 +126,28 @@ def check_schedule(rounds, min_separation, max_participations) -> None:
         f'{fit}')
 
 
+def planned_schedule(own, cycle: int, total_rounds: int) -> dict:
+  """The schedule a strategy is planned for: the sampler visits each client every `cycle`
+  rounds, so at least `cycle` rounds apart and at most ceil(total_rounds / cycle) times; the
+  mechanism's own settings (`own`) `min_separation` may only lower the first, and
+  `max_participations` only raise the second (a weaker claim is still true)."""
+  needed = math.ceil(total_rounds / cycle)
+  separation = own.get('min_separation') or cycle
+  participations = own.get('max_participations') or needed
+  if separation > cycle:
+    raise errors.UserInputError(
+        f'`min_separation={separation}`: the sampler visits each client every {cycle} rounds '
+        f'(population // clients_per_round); use `min_separation` <= {cycle}, or fewer '
+        'clients per round')
+  if participations < needed:
+    raise errors.UserInputError(
+        f'`max_participations={participations}`: over {total_rounds} rounds a client '
+        f'participates up to {needed} times (every {cycle} rounds); use '
+        f'`max_participations` >= {needed} or fewer rounds')
+  return dict(rounds=total_rounds, min_separation=separation,
+              max_participations=participations, bands=own.get('bands'))
+
+
 def gaussian_epsilon(z: float, delta: float, method: str = 'rdp') -> float:
   """Epsilon at delta of the Gaussian mechanism with noise multiplier z (add/remove)."""
   if z == math.inf:

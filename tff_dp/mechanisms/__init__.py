@@ -20,6 +20,7 @@ from tff_dp import noise_budget
 from tff_dp import sampling
 from tff_dp import sections
 from tff_dp.accounting import claims
+from tff_dp.accounting import noise_families
 from tff_dp.adaptive_clipping import AdaptiveClipping
 from tff_dp.mechanisms import adaptive
 from tff_dp.mechanisms import bandmf
@@ -114,9 +115,9 @@ def find(kind: str) -> Optional[Mechanism]:
   return None if kind == NO_DP else get(kind)
 
 
-def with_noise(noise: str) -> list[str]:
-  """The mechanisms whose noise is `noise` ('independent', 'tree' or 'correlated')."""
-  return [name for name, m in MECHANISMS.items() if m.noise == noise]
+def with_noise(noise: noise_families.NoiseFamily) -> list[str]:
+  """The mechanisms whose noise is `noise` (a `tff_dp.accounting.noise_families` family)."""
+  return [name for name, m in MECHANISMS.items() if m.noise is noise]
 
 
 def with_setting(setting: str) -> list[str]:
@@ -131,10 +132,10 @@ def claim(name: str, sampler: str, probability_given: bool = False) -> claims.Cl
   lists the sampler; UserInputError (one line) otherwise."""
   mechanism = get(name)
   try:   # An unproven pair is refused here.
-    found = claims.claim(mechanism.noise, sampler, probability_given)
+    found = claims.claim(mechanism.noise.name, sampler, probability_given)
   except errors.UserInputError as e:
     having = [n for n, m in MECHANISMS.items()
-              if sampler in m.samplers and sampler in claims.proven_samplers(m.noise)]
+              if sampler in m.samplers and sampler in claims.proven_samplers(m.noise.name)]
     if not having or (probability_given and sampler not in sampling.with_rate()):
       raise   # No mechanism to point to, or the sampler has no rate to give.
     raise errors.UserInputError(f'{e}, or `dp={"|".join(having)}` (proven with it)') from None

@@ -1,6 +1,7 @@
 """DP-FedAvg with one flat clip adapted to a target quantile of the update norms (Andrew et al.
 2021), the quantile estimated from a noised clipped count."""
 
+from tff_dp.accounting import noise_families
 from tff_dp.mechanisms import base
 
 
@@ -13,5 +14,5 @@ def _factory(request: base.FactoryRequest):
 
 MECHANISM = base.Mechanism(
     name='adaptive', description='flat clip adapted to a target quantile of update norms',
-    noise='independent', samplers=('poisson', 'fixed_size'), build_factory=_factory,
+    noise=noise_families.INDEPENDENT, samplers=('poisson', 'fixed_size'), build_factory=_factory,
     adapts_clip=True)

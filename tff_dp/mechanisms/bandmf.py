@@ -8,6 +8,7 @@ from typing import Optional
 
 from tff_dp import sections
 from tff_dp.matrix_factorization import banded
+from tff_dp.accounting import noise_families
 from tff_dp.mechanisms import base
 
 
@@ -32,6 +33,6 @@ MECHANISM = base.Mechanism(
     name='bandmf',
     description='DP-FTRL with banded matrix-factorization noise, fixed clip (needs '
                 '`client_sampling=min_separation`, or `cyclic_poisson` for amplification)',
-    noise='correlated', samplers=('min_separation', 'cyclic_poisson'),
+    noise=noise_families.CORRELATED, samplers=('min_separation', 'cyclic_poisson'),
     extra_arguments=base.CORRELATED_ARGUMENTS,
     settings=(base.CorrelatedSchedule, Bands), strategy_coefs=_coefs)

@@ -47,11 +47,11 @@ class Mechanism:
 
   name: the value of the `dp` setting that selects it.
   description: one line, for help texts and docs.
-  noise: the name of its kind of noise (`family`, `tff_dp.accounting.noise_families`):
-    'independent' (fresh Gaussian noise every round), 'tree' (tree aggregation, DP-FTRL) or
-    'correlated' (a Toeplitz strategy's noise, correlated across rounds).
+  noise: its kind of noise (`tff_dp.accounting.noise_families`): `INDEPENDENT` (fresh
+    Gaussian noise every round), `TREE` (tree aggregation, DP-FTRL) or `CORRELATED` (a
+    Toeplitz strategy's noise, correlated across rounds), or a family `register`ed there.
   samplers: the `client_sampling` values its claims cover, its default first; each must have a
-    row of the claim table (`tff_dp.accounting.claims`) for `noise`.
+    row of the claim table (`tff_dp.accounting.claims`) for its noise.
   build_factory: (a `FactoryRequest`) -> its `tff.aggregators.UnweightedAggregationFactory`.
     None for correlated noise: the correlated-noise factory streams its strategy
     (`factory`).
@@ -69,7 +69,7 @@ class Mechanism:
   """
   name: str
   description: str
-  noise: str
+  noise: noise_families.NoiseFamily
   samplers: tuple
   build_factory: Optional[Callable[..., Any]] = None
   extra_arguments: Optional[tuple] = ()
@@ -78,28 +78,23 @@ class Mechanism:
   strategy_coefs: Optional[Callable[..., tuple]] = None
 
   def __post_init__(self):
-    if self.noise not in noise_families.FAMILIES:
-      raise ValueError(f'Mechanism {self.name!r}: noise must be one of '
-                       f'{tuple(noise_families.FAMILIES)}, got {self.noise!r}')
+    if not isinstance(self.noise, noise_families.NoiseFamily):
+      raise ValueError(f'Mechanism {self.name!r}: noise must be a NoiseFamily '
+                       f'(tff_dp.accounting.noise_families), got {self.noise!r}')
     if not self.samplers:
       raise ValueError(f'Mechanism {self.name!r} lists no sampler')
     for sampler in self.samplers:
-      claims.claim(self.noise, sampler)   # A sampler without a proof is refused here.
-    if self.family.planned_for_rounds != (self.strategy_coefs is not None):
+      claims.claim(self.noise.name, sampler)   # A sampler without a proof is refused here.
+    if self.noise.planned_for_rounds != (self.strategy_coefs is not None):
       raise ValueError(f'Mechanism {self.name!r}: noise planned for the rounds (correlated), '
                        'and only it, has a strategy')
-    if self.build_factory is None and not self.family.planned_for_rounds:
+    if self.build_factory is None and not self.noise.planned_for_rounds:
       raise ValueError(f'Mechanism {self.name!r} has no factory')
     for section in self.settings:
       if not (isinstance(section, type) and issubclass(section, sections.Section)
               and section.SECTION):
         raise ValueError(f'Mechanism {self.name!r}: its settings must be named config '
                          f'sections (tff_dp.sections.Section), got {section!r}')
-
-  @property
-  def family(self) -> noise_families.NoiseFamily:
-    """Its kind of noise, declared (`tff_dp.accounting.noise_families`)."""
-    return noise_families.get(self.noise)
 
   def factory(self, request: FactoryRequest):
     """Its aggregation factory for `request` (`tff_dp.mechanisms.build_aggregator` checks it)."""

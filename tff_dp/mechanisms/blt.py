@@ -2,6 +2,7 @@
 strategy optimized for the schedule, its noise streamed with a few model-sized buffers."""
 
 from tff_dp.matrix_factorization import blt
+from tff_dp.accounting import noise_families
 from tff_dp.mechanisms import base
 
 
@@ -16,6 +17,6 @@ MECHANISM = base.Mechanism(
     name='blt',
     description='DP-FTRL with buffered linear Toeplitz noise, fixed clip (needs '
                 '`client_sampling=min_separation`)',
-    noise='correlated', samplers=('min_separation',),
+    noise=noise_families.CORRELATED, samplers=('min_separation',),
     extra_arguments=base.CORRELATED_ARGUMENTS,
     settings=(base.CorrelatedSchedule,), strategy_coefs=_coefs)

@@ -1,5 +1,6 @@
 """DP-FedAvg with a fixed clip: every round's clipped sum gets fresh Gaussian noise."""
 
+from tff_dp.accounting import noise_families
 from tff_dp.mechanisms import base
 
 
@@ -11,5 +12,5 @@ def _factory(request: base.FactoryRequest):
 
 
 MECHANISM = base.Mechanism(
-    name='fixed', description='fixed clip norm', noise='independent',
+    name='fixed', description='fixed clip norm', noise=noise_families.INDEPENDENT,
     samplers=('poisson', 'fixed_size'), build_factory=_factory)

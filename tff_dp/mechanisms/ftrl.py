@@ -1,6 +1,7 @@
 """DP-FTRL with tree-aggregation noise and a fixed clip (Kairouz et al. 2021), restarted every
 epoch of shuffled participation."""
 
+from tff_dp.accounting import noise_families
 from tff_dp.mechanisms import base
 
 
@@ -13,5 +14,5 @@ def _factory(request: base.FactoryRequest):
 MECHANISM = base.Mechanism(
     name='ftrl',
     description='DP-FTRL: tree-aggregation noise, fixed clip (needs `client_sampling=shuffled`)',
-    noise='tree', samplers=('shuffled',), build_factory=_factory,
+    noise=noise_families.TREE, samplers=('shuffled',), build_factory=_factory,
     extra_arguments=('rounds_per_epoch', 'noise_seed'))

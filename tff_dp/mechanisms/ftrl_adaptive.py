@@ -5,6 +5,7 @@ import dataclasses
 
 from tff_dp import sections
 from tff_dp.errors import UserInputError
+from tff_dp.accounting import noise_families
 from tff_dp.mechanisms import base
 
 
@@ -40,6 +41,6 @@ MECHANISM = base.Mechanism(
     name='ftrl_adaptive',
     description='DP-FTRL with a quantile-adapted clip, adopted at tree restarts (needs '
                 '`client_sampling=shuffled`)',
-    noise='tree', samplers=('shuffled',), build_factory=_factory,
+    noise=noise_families.TREE, samplers=('shuffled',), build_factory=_factory,
     extra_arguments=('rounds_per_epoch', 'noise_seed', 'restart_warmup', 'restart_frequency'),
     adapts_clip=True, settings=(TreeRestarts,))

@@ -1,6 +1,7 @@
 """DP-FedAvg with joint clipping: one clip over per-vector scales that adapt to the update
 norms of each group (`clip` is the initial scale alpha)."""
 
+from tff_dp.accounting import noise_families
 from tff_dp.mechanisms import base
 
 
@@ -14,5 +15,5 @@ def _factory(request: base.FactoryRequest):
 
 MECHANISM = base.Mechanism(
     name='joint', description='joint clipping with adaptive per-vector scales',
-    noise='independent', samplers=('poisson', 'fixed_size'), build_factory=_factory,
+    noise=noise_families.INDEPENDENT, samplers=('poisson', 'fixed_size'), build_factory=_factory,
     extra_arguments=None, adapts_clip=True)

@@ -1,6 +1,7 @@
 """DP-FedAvg with one adaptive clip per layer (or per group of layers), the noise split across
 the groups by `noise_allocation`."""
 
+from tff_dp.accounting import noise_families
 from tff_dp.mechanisms import base
 
 
@@ -13,6 +14,6 @@ def _factory(request: base.FactoryRequest):
 
 
 MECHANISM = base.Mechanism(
-    name='per_layer_adaptive', description='one adaptive clip per layer', noise='independent',
+    name='per_layer_adaptive', description='one adaptive clip per layer', noise=noise_families.INDEPENDENT,
     samplers=('poisson', 'fixed_size'), build_factory=_factory, extra_arguments=None,
     adapts_clip=True)

@@ -169,13 +169,13 @@ class ExperimentConfig:
       if self.runtime.datasets_on_workers:
         raise UserInputError('`num_canaries` does not work with `datasets_on_workers` (a '
                              'canary has no client id the workers could build data for)')
-    if (mechanism is not None and mechanism.family.carries_state
+    if (mechanism is not None and mechanism.noise.carries_state
         and self.output.rerun_released_rounds):
       raise UserInputError(
           f'`rerun_released_rounds` cannot apply to `dp={dp}`: a re-executed round reuses its '
           'noise state, which the accounting does not cover; restore checkpoints/ or start a '
           'new run')
-    if (mechanism is not None and mechanism.family.carries_state
+    if (mechanism is not None and mechanism.noise.carries_state
         and self.output.rounds_per_checkpoint not in (None, 1)):
       raise UserInputError(
           f'`dp={dp}` needs `rounds_per_checkpoint=1`: a resume must not re-execute a round '
@@ -268,7 +268,7 @@ class ExperimentConfig:
       return self.output.rounds_per_checkpoint
     mechanism = mechanisms.find(self.dp.kind)
     return (noise_families.INDEPENDENT if mechanism is None
-            else mechanism.family).rounds_per_checkpoint
+            else mechanism.noise).rounds_per_checkpoint
 
   def with_run_name(self, task_name: Optional[str] = None) -> 'ExperimentConfig':
     """The config with `experiment_name` set: TASK-DP-TIMESTAMP when it is unset (TASK:

@@ -10,12 +10,12 @@ messages, what no population the run could build allows: a sample larger than it
 or above 1/N, a correlated-noise schedule it cannot meet.
 """
 
-import math
-from typing import Any, Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
 from tff_dp import accounting
 from tff_dp import mechanisms
 from tff_dp import sampling
+from tff_dp.accounting import correlated
 from tff_dp.errors import UserInputError
 
 
@@ -59,29 +59,6 @@ def check_sample_size(clients_per_round: int, population: int) -> None:
                          f'{population} training clients')
 
 
-def correlated_schedule(own: Mapping[str, Any], cycle: int, total_rounds: int) -> dict:
-  """The schedule a correlated-noise strategy is planned for: the min-separation sampler
-  visits each client every `cycle` rounds, so at least `cycle` rounds apart and at most
-  ceil(total_rounds / cycle) times; the mechanism's own settings (`own`) `min_separation` may
-  only lower the first, and `max_participations` only raise the second (a weaker claim is
-  still true)."""
-  needed = math.ceil(total_rounds / cycle)
-  separation = own.get('min_separation') or cycle
-  participations = own.get('max_participations') or needed
-  if separation > cycle:
-    raise UserInputError(
-        f'`min_separation={separation}`: the sampler visits each client every {cycle} rounds '
-        f'(population // clients_per_round); use `min_separation` <= {cycle}, or fewer '
-        'clients per round')
-  if participations < needed:
-    raise UserInputError(
-        f'`max_participations={participations}`: over {total_rounds} rounds a client '
-        f'participates up to {needed} times (every {cycle} rounds); use '
-        f'`max_participations` >= {needed} or fewer rounds')
-  return dict(rounds=total_rounds, min_separation=separation,
-              max_participations=participations, bands=own.get('bands'))
-
-
 def size_range(cfg, train_ids: Sequence, test_ids: Sequence) -> tuple[int, int]:
   """(fewest, most) clients the population of a run with `cfg` can hold, given the task's
   training and test client ids: the inserted canaries are a range when each is inserted by a
@@ -110,8 +87,8 @@ def check_before_the_run(cfg, train_ids: Sequence, test_ids: Sequence) -> None:
     return
   if cfg.accounting.delta is not None:
     accounting.check_delta(cfg.accounting.delta, fewest)
-  if (mechanism.family.planned_for_rounds
+  if (mechanism.noise.planned_for_rounds
       and not sampling.get(cfg.sampling.client_sampling).grouped):
-    correlated_schedule(cfg.mechanism_settings(),
+    correlated.planned_schedule(cfg.mechanism_settings(),
                         sampling.rounds_per_epoch(most, cfg.sampling.clients_per_round),
                         cfg.training.total_rounds)

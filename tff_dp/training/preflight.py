@@ -162,7 +162,7 @@ def resume_changes(recorded: dict[str, Any], cfg: ExperimentConfig,
              if name in recorded and name not in config_lib.PER_INVOCATION
              and recorded[name] != value}
   mechanism = mechanisms.find(cfg.dp.kind)
-  planned = mechanism is not None and mechanism.family.planned_for_rounds
+  planned = mechanism is not None and mechanism.noise.planned_for_rounds
   refused = {k: v for k, v in changes.items() if k not in RESUMABLE_CHANGES
              or (k == 'total_rounds' and planned)}
   if refused:

@@ -67,8 +67,8 @@ def build_aggregator(dp: config_lib.DPConfig, clients_per_round: int,
   mechanism's own settings (`mechanism_settings`, by flat name; unset: the factory's defaults).
 
   `rounds_per_epoch`: the tree factories restart after every epoch of the shuffled sampler;
-  for correlated noise, the sampler's cycle (`population.correlated_schedule`). `amplified`:
-  the sampler is cyclic Poisson (amplified BandMF). `noise_scale`: what every query's noise is multiplied
+  for correlated noise, the sampler's cycle (`NoiseFamily.schedule`). `amplified`: the sampler
+  is cyclic Poisson (amplified BandMF). `noise_scale`: what every query's noise is multiplied
   by (a noise cohort's m / M; the noise multiplier and clipped-count stddev the settings give
   are the production run's)."""
   if dp.kind == 'none':
@@ -79,21 +79,16 @@ def build_aggregator(dp: config_lib.DPConfig, clients_per_round: int,
         adaptive, clipped_count_stddev=adaptive.clipped_count_stddev * noise_scale)
   mechanism = mechanisms.get(dp.kind)
   own = dict(mechanism_settings or {})
-  tree_options = {}
-  if mechanism.noise == 'tree':
-    tree_options['rounds_per_epoch'] = rounds_per_epoch
-  if mechanism.noise == 'correlated':
-    tree_options.update(population_lib.correlated_schedule(own, rounds_per_epoch, total_rounds),
-                        amplified=amplified)
-  # The mechanism's own settings that have a value (`restart_warmup`, ...); the correlated
-  # schedule's were planned above.
-  tree_options.update({name: value for name, value in own.items()
-                       if name not in tree_options and value is not None
-                       and name in (mechanism.extra_arguments or ())})
+  # The options that follow the sampler's schedule (the tree's epoch, a strategy's plan), then
+  # the mechanism's own settings that have a value (`restart_warmup`, ...).
+  options = mechanism.noise.schedule(rounds_per_epoch, total_rounds, own, amplified)
+  options.update({name: value for name, value in own.items()
+                  if name not in options and value is not None
+                  and name in (mechanism.extra_arguments or ())})
   return mechanisms.build_aggregator(
       dp.kind, noise_multiplier=float(dp.noise_multiplier) * noise_scale,
       clients_per_round=float(clients_per_round), clip=float(dp.clip),
-      adaptive=adaptive, noise_allocation=dp.noise_allocation, **tree_options)
+      adaptive=adaptive, noise_allocation=dp.noise_allocation, **options)
 
 
 def _sampler(cfg: config_lib.SamplingConfig, client_ids, key_path: str, resume: bool,
@@ -182,7 +177,7 @@ def build(sampling_cfg: config_lib.SamplingConfig, dp: config_lib.DPConfig,
   sampler = _sampler(sampling_cfg, population, key_path, resume,
                      own.get('bands') if cyclic else None)
   mechanism = mechanisms.find(dp.kind)
-  tree = mechanism is not None and mechanism.noise == 'tree'
+  tree = mechanism is not None and mechanism.noise.records_tree_leaf
   delta = accounting.check_delta(
       accounting_cfg.delta if accounting_cfg.delta is not None
       else accounting.suggested_delta(len(population)), len(population))

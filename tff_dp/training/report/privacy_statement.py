@@ -113,7 +113,7 @@ def statement(*, dp: str, rounds_completed: int, epsilons: Mapping[str, Optional
                              if headline.poisson_approximation is not None else '')
                           + (' with amplification by sampling' if seeded else '')),
       'rounds': rounds_completed,
-      'mechanism': mechanisms.get(dp).family.statement.format(dp=dp),
+      'mechanism': mechanisms.get(dp).noise.statement.format(dp=dp),
       'sampling': _sampling(sampling_event),
       'evaluation': _EVAL_TEXT[eval_data],
       **_outputs(facts, released_columns, files),
