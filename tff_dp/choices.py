@@ -11,7 +11,29 @@ Pure Python: the configuration and the command line's flag parsing import it wit
 TensorFlow.
 """
 
-from typing import Collection, Mapping
+import collections.abc
+from typing import Callable, Collection, Iterable, Iterator, Mapping
+
+
+class LiveChoices(collections.abc.Mapping):
+  """A setting's choices kept by a registry, name -> meaning: a live view, so a choice
+  registered after this view was made is a choice too (flags, config checks and help texts
+  built later see it). `names()`: the registry's names, in order; `meaning(name)`: what it
+  means (KeyError for another name)."""
+
+  def __init__(self, names: Callable[[], Iterable[str]], meaning: Callable[[str], str]):
+    self._names, self._meaning = names, meaning
+
+  def __getitem__(self, name: str) -> str:
+    if name not in self._names():
+      raise KeyError(name)
+    return self._meaning(name)
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(list(self._names()))
+
+  def __len__(self) -> int:
+    return sum(1 for _ in self._names())
 
 # `eval_data`: what central evaluation runs on, and so whether its metrics are covered by the
 # DP guarantee (`tff_dp.run_format.release`).

@@ -10,9 +10,8 @@ new mechanism is one module registered here, or `register`ed by its user.
 Pure Python until a factory is built (then TensorFlow loads).
 """
 
-import collections.abc
 import dataclasses
-from typing import Iterator, Optional
+from typing import Optional
 
 from tff_dp import choices
 from tff_dp import errors
@@ -44,42 +43,20 @@ MECHANISMS: dict[str, Mechanism] = {m.name: m for m in (
     ftrl.MECHANISM, ftrl_adaptive.MECHANISM, blt.MECHANISM, bandmf.MECHANISM)}
 
 
-class _DpKinds(collections.abc.Mapping):
-  """The `dp` setting's choices, name -> meaning: 'none' and every registered mechanism (a live
-  view, so a mechanism registered later is a choice too)."""
-
-  def __getitem__(self, name: str) -> str:
-    if name == NO_DP:
-      return 'plain FedAvg, no DP'
-    return MECHANISMS[name].description
-
-  def __iter__(self) -> Iterator[str]:
-    yield NO_DP
-    yield from MECHANISMS
-
-  def __len__(self) -> int:
-    return 1 + len(MECHANISMS)
+def _dp_meaning(name: str) -> str:
+  return 'plain FedAvg, no DP' if name == NO_DP else MECHANISMS[name].description
 
 
-DP_KINDS = _DpKinds()
+def _sampler_meaning(name: str) -> str:
+  taking = [n for n, m in MECHANISMS.items() if name in m.samplers]
+  return sampling.CHOICES[name] + (f' (`dp={"|".join(taking)}`)' if taking else '')
 
 
-class _SamplerChoices(collections.abc.Mapping):
-  """The `client_sampling` setting's choices, name -> meaning and the mechanisms that take
-  it (`dp=a|b`): a live view of both registries."""
-
-  def __getitem__(self, name: str) -> str:
-    taking = [n for n, m in MECHANISMS.items() if name in m.samplers]
-    return sampling.CHOICES[name] + (f' (`dp={"|".join(taking)}`)' if taking else '')
-
-  def __iter__(self) -> Iterator[str]:
-    return iter(sampling.CHOICES)
-
-  def __len__(self) -> int:
-    return len(sampling.CHOICES)
-
-
-SAMPLER_CHOICES = _SamplerChoices()
+# The `dp` setting's choices, name -> meaning: 'none' and every registered mechanism.
+DP_KINDS = choices.LiveChoices(lambda: [NO_DP, *MECHANISMS], _dp_meaning)
+# The `client_sampling` setting's choices, name -> meaning and the mechanisms that take it
+# (`dp=a|b`), from both registries.
+SAMPLER_CHOICES = choices.LiveChoices(lambda: sampling.CHOICES, _sampler_meaning)
 
 
 def _register_settings(mechanism: Mechanism) -> None:

@@ -50,8 +50,7 @@ Accounting each sampler maps to (see `tff_dp.accounting.accountant`):
     (`tff_dp.accounting.claims`).
 """
 
-import collections.abc
-from typing import Hashable, Iterator, Optional, Sequence
+from typing import Hashable, Optional, Sequence
 
 from tff_dp import choices
 from tff_dp import errors
@@ -99,21 +98,8 @@ for _module in (poisson, fixed_size, shuffled, min_separation, cyclic_poisson):
   register(_module.KIND)
 
 
-class _Choices(collections.abc.Mapping):
-  """The `client_sampling` setting's choices, name -> meaning (a live view: a sampler
-  registered later is a choice too)."""
-
-  def __getitem__(self, name: str) -> str:
-    return KINDS[name].description
-
-  def __iter__(self) -> Iterator[str]:
-    return iter(KINDS)
-
-  def __len__(self) -> int:
-    return len(KINDS)
-
-
-CHOICES = _Choices()
+# The `client_sampling` setting's choices, name -> meaning (a sampler registered later too).
+CHOICES = choices.LiveChoices(lambda: KINDS, lambda name: KINDS[name].description)
 
 
 def get(name: str) -> SamplerKind:

@@ -6,10 +6,9 @@ imported (the command line imports it); a user's package registers its own the s
 passes a task object to `tff_dp.run` (`task_protocol`). Pure Python (no TensorFlow).
 """
 
-import collections.abc
 import dataclasses
 import os
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from tff_dp import choices
 from tff_dp.errors import UserInputError
@@ -49,20 +48,8 @@ class RegisteredTask:
 _TASKS: dict[str, RegisteredTask] = {}
 
 
-class _Choices(collections.abc.Mapping):
-  """The `task` setting's choices, name -> meaning (a live view of the registry)."""
-
-  def __getitem__(self, name: str) -> str:
-    return _TASKS[name].help
-
-  def __iter__(self) -> Iterator[str]:
-    return iter(_TASKS)
-
-  def __len__(self) -> int:
-    return len(_TASKS)
-
-
-CHOICES = _Choices()
+# The `task` setting's choices, name -> meaning (a task registered later too).
+CHOICES = choices.LiveChoices(lambda: _TASKS, lambda name: _TASKS[name].help)
 
 
 def register(name: str, task: RegisteredTask) -> None:
