@@ -147,7 +147,8 @@ class PrivateAggregation:
     self._check_noise(round_num, queries)
     record = ledger_lib.RoundRecord(round_num, self.sampler.sampling_event(round_num),
                                     tuple(queries), aggregators.find_tree_leaf(found),
-                                    getattr(self.aggregator, 'strategy', None))
+                                    getattr(self.aggregator, 'strategy', None),
+                                    mechanisms.get(self.kind).noise.recorded_name)
     if self.feed is not None:
       self.feed.commit(round_num)
     if self.ledger is not None:

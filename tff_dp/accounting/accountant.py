@@ -1,8 +1,8 @@
 """Post-hoc privacy accounting of a `tff_dp.ledger` (RDP and PLD via dp_accounting).
 
 `LedgerAccountant` composes a ledger's records one by one and reports epsilon at any time; it
-composes them through the account of the ledger's mechanism (`mechanism_account`): sampled
-Gaussian rounds (`gaussian_rounds`: DP-FedAvg, fixed or adaptive clipping; add/remove or
+composes them through the account of the ledger's noise family (`noise_families.of_record`,
+`mechanism_account`): sampled Gaussian rounds (`gaussian_rounds`: DP-FedAvg, fixed or adaptive clipping; add/remove or
 replace-one), tree aggregation (`tree_rounds`: DP-FTRL, replace-special) or correlated noise
 (`correlated_rounds`: BLT / BandMF DP-FTRL, min separation, add/remove). How a record
 becomes a dp_accounting event, under each relation, is `events`. One ledger holds one
@@ -24,13 +24,11 @@ from tff_dp import choices
 from tff_dp import errors
 from tff_dp import ledger
 from tff_dp.accounting import claims
-from tff_dp.accounting import correlated_rounds
 from tff_dp.accounting.delta import check_delta
 from tff_dp.accounting.delta import suggested_delta  # pylint: disable=unused-import
 from tff_dp.accounting import events
-from tff_dp.accounting import gaussian_rounds
 from tff_dp.accounting import mechanism_account
-from tff_dp.accounting import tree_rounds
+from tff_dp.accounting import noise_families
 # The record-to-event functions, under the names this module's users know them by.
 from tff_dp.accounting.events import check_analysable  # pylint: disable=unused-import
 from tff_dp.accounting.events import check_relation  # pylint: disable=unused-import
@@ -45,9 +43,6 @@ METHODS = tuple(choices.ACCOUNTANTS)
 DEFAULT_PLD_DISCRETIZATION = 1e-4
 # Default number of PLD evaluations along a curve (plus the last round) when pld_every=None.
 DEFAULT_PLD_POINTS = 20
-# The mechanisms' accounts, in the order a ledger's first record is offered to them.
-ACCOUNTS: Tuple[type, ...] = (tree_rounds.TreeRounds, correlated_rounds.CorrelatedRounds,
-                              gaussian_rounds.GaussianRounds)
 
 
 def check_methods(methods: Iterable[str]) -> Tuple[str, ...]:
@@ -105,6 +100,7 @@ class LedgerAccountant:
     self._composed = _Composed()
     self._num_records = 0
     self._account: Optional[mechanism_account.MechanismAccount] = None
+    self._family = None   # The ledger's noise family (its first record's).
     self._population: Optional[int] = None
     self._rate_given = False   # Whether round 1's rate was given (`claims.Claim.rate`).
 
@@ -153,19 +149,18 @@ class LedgerAccountant:
       claims.check_relation(found, self.neighboring_relation)
       self._population = record.sampling.population_size
       self._rate_given = record.sampling.probability_given
-      kind = next(a for a in ACCOUNTS if a.supports(record))
-      self._account = kind(self._orders, self.neighboring_relation, self.methods,
-                           self._pld_discretization)
+      self._family = noise_families.of_record(record)
+      self._account = self._family.account(self._orders, self.neighboring_relation,
+                                           self.methods, self._pld_discretization)
     elif record.sampling.population_size != self._population:
       raise errors.UserInputError(
           f'Round {record.round_num} samples from {record.sampling.population_size} clients, '
           f'round 1 from {self._population}: one run samples one population (a changed '
           'population breaks the sampler\'s schedule and its claim).')
-    elif not self._account.supports(record):
-      other = next(a for a in ACCOUNTS if a.supports(record))
+    elif noise_families.of_record(record) is not self._family:
       raise errors.UserInputError(
-          f'Round {record.round_num} is {other.name} in a ledger of {self._account.name}; '
-          'one ledger holds one mechanism.')
+          f'Round {record.round_num} is {noise_families.of_record(record).title} in a ledger '
+          f'of {self._family.title}; one ledger holds one mechanism.')
     elif record.sampling.probability_given != self._rate_given:
       raise errors.UserInputError(
           f'Round {record.round_num}\'s sampling rate was '
@@ -216,6 +211,7 @@ class LedgerAccountant:
       trial = LedgerAccountant(self.delta, ('rdp',), self.neighboring_relation, self._orders)
       # pylint: disable=protected-access
       trial._account = None if self._account is None else self._account.rdp_copy()
+      trial._family = self._family
       trial._num_records = self._num_records
       trial._population = self._population
       trial._rate_given = self._rate_given
@@ -276,7 +272,7 @@ def merged_reexecution(first: ledger.RoundRecord,
   """The record of one seeded sample released twice: its queries are those of both
   executions (z_eff = (z_1^-2 + z_2^-2)^-1/2 for one query each, e.g. z / sqrt(2))."""
   return ledger.RoundRecord(first.round_num, first.sampling, first.queries + again.queries,
-                            first.tree_leaf)
+                            first.tree_leaf, noise=first.noise)
 
 
 def epsilon_curve(records: Sequence[ledger.RoundRecord], delta: float,

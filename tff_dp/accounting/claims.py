@@ -39,7 +39,7 @@ from typing import Optional, Sequence
 
 from tff_dp import errors
 from tff_dp import sampling
-from tff_dp.accounting import noise_families
+from tff_dp.accounting import noise_family
 
 ZERO_OUT = 'replace_special'
 RELATIONS = ('add_remove', 'replace_one', ZERO_OUT)
@@ -108,7 +108,7 @@ _AMPLIFIED_BANDMF_PROOF = (
     'Factorization", Theorem 4, with every client drawing its group independently (so '
     'adding a client moves no other; jax_privacy PartitionType.INDEPENDENT)')
 
-CLAIMS = (
+CLAIMS = [   # The built-in rows; `register` adds a registered family's.
     Claim('independent', 'poisson', 'add_remove', _POISSON_PROOF,
           amplified=True, attack='test_poisson_add_remove', rate=RATE_GIVEN),
     Claim('independent', 'poisson', ZERO_OUT, _POISSON_PROOF + _ZERO_OUT_AT_Q,
@@ -132,11 +132,30 @@ CLAIMS = (
     Claim('correlated', 'cyclic_poisson', ZERO_OUT,
           _AMPLIFIED_BANDMF_PROOF + _ZERO_OUT_AT_Q.replace('m / N', 'm x groups / N'),
           amplified=True, attack='test_cyclic_poisson_zero_out', rate=RATE_FROM_POPULATION),
-)
-_WRONG_RATE = [c for c in CLAIMS if (c.rate != RATE_NONE) != sampling.get(c.sampler).with_rate]
-if _WRONG_RATE:   # A row has a rate exactly when its sampler's declaration draws with one.
-  raise ValueError(f'claim rows whose rate disagrees with their sampler: {_WRONG_RATE}')
+]
+
+
+def _check_rate(row: Claim) -> None:
+  # A row has a rate exactly when its sampler's declaration draws with one.
+  if (row.rate != RATE_NONE) != sampling.get(row.sampler).with_rate:
+    raise ValueError(f'claim row whose rate disagrees with its sampler: {row}')
+
+
+for _row in CLAIMS:
+  _check_rate(_row)
 _BY_ROW = {(c.noise, c.sampler, c.rate_given): c for c in CLAIMS}
+
+
+def register(row: Claim) -> None:
+  """Adds a proven (noise, sampler, rate) row: a registered noise family's claim
+  (`noise_family.register`), its proof named and its attack a test of the registering code;
+  ValueError if the table has that row already or its rate disagrees with its sampler."""
+  _check_rate(row)
+  key = (row.noise, row.sampler, row.rate_given)
+  if key in _BY_ROW:
+    raise ValueError(f'the claim table has a row for {key} already')
+  CLAIMS.append(row)
+  _BY_ROW[key] = row
 
 
 def proven_samplers(noise: str) -> list[str]:
@@ -146,7 +165,7 @@ def proven_samplers(noise: str) -> list[str]:
 
 def _unproven(noise: str, sampler: str) -> str:
   """The one line refusing an unproven pair, saying what to use instead."""
-  family = noise_families.get(noise)   # Mechanism names are `mechanisms.claim`'s to add.
+  family = noise_family.get(noise)   # Mechanism names are `mechanisms.claim`'s to add.
   return (f'{family.title} has no proof with {sampler} sampling ({family.unproven_because}); use '
           f'`client_sampling={proven_samplers(noise)[0]}`')
 
@@ -161,13 +180,22 @@ def claim(noise: str, sampler: str, probability_given: bool = False) -> Claim:
                                 f'{sampling.titles(sampling.with_rate())} '
                                 'sampling)')
   found = _BY_ROW.get((noise, sampler, bool(probability_given)))
+  if found is None and sampler in proven_samplers(noise):   # A row for the other rate.
+    raise errors.UserInputError(
+        f'{noise_family.get(noise).title} with {sampler} sampling is proven only when its rate '
+        + ('is derived from the population (no `sampling_probability`)' if probability_given
+           else 'is given before the data is seen (`sampling_probability`)'))
   if found is None:
     raise errors.UserInputError(_unproven(noise, sampler))
   return found
 
 
 def noise_of_record(record) -> str:
-  """The kind of noise of a ledger record: 'tree', 'correlated' or 'independent'."""
+  """The name of a ledger record's noise family: the one it names (`RoundRecord.noise`), or
+  the built-in one its shape tells: 'tree' (a tree leaf), 'correlated' (a strategy) or
+  'independent'."""
+  if record.noise is not None:
+    return record.noise
   if record.tree_leaf is not None:
     return 'tree'
   return 'correlated' if record.correlated is not None else 'independent'

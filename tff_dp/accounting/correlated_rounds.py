@@ -31,6 +31,7 @@ from tff_dp.accounting import claims
 from tff_dp.accounting import correlated
 from tff_dp.accounting import events
 from tff_dp.accounting import mechanism_account
+from tff_dp.accounting import noise_family
 from tff_dp.matrix_factorization import toeplitz
 
 
@@ -47,10 +48,6 @@ class CorrelatedRounds(mechanism_account.MechanismAccount):
     self._last_round = 0
     self._probability: Optional[float] = None   # Cyclic Poisson's q (amplified), else None.
     self._cycles = 0
-
-  @staticmethod
-  def supports(record: ledger.RoundRecord) -> bool:
-    return record.correlated is not None
 
   def compose(self, record: ledger.RoundRecord) -> None:
     claims.check_relation(claims.claim_of_record(record), self.neighboring_relation)
@@ -147,3 +144,20 @@ class CorrelatedRounds(mechanism_account.MechanismAccount):
 
   def rdp_copy(self) -> 'CorrelatedRounds':
     return copy.deepcopy(self)
+
+
+def _planned(cycle, total_rounds, own, amplified) -> dict:
+  # A strategy is planned for the run's rounds and the sampler's participation schedule.
+  return dict(correlated.planned_schedule(own, cycle, total_rounds), amplified=amplified)
+
+
+# Correlated noise of a Toeplitz strategy (BLT, BandMF DP-FTRL), composed by
+# `CorrelatedRounds`.
+FAMILY = noise_family.register(noise_family.NoiseFamily(
+    name='correlated', title='correlated noise',
+    unproven_because='no analysis of its participation',
+    statement=('DP-FTRL ({dp}: correlated noise, fixed clip), the strategy and schedule as '
+               'recorded in ledger.jsonl (`correlated`: buf_decay / output_scale, bands or '
+               'coefs, min_separation, max_participations)'),
+    account=CorrelatedRounds, carries_state=True, planned_for_rounds=True,
+    schedule_arguments=_planned, named_in_records=False))

@@ -43,6 +43,7 @@ from tff_dp import errors
 from tff_dp import ledger
 from tff_dp.accounting import events
 from tff_dp.accounting import mechanism_account
+from tff_dp.accounting import noise_family
 from tff_dp.accounting import rdp_gaussian
 
 # PLD composes queued events whose z_eff agree to this many significant digits as one group.
@@ -71,10 +72,6 @@ class GaussianRounds(mechanism_account.MechanismAccount):
     # PLD_GROUP_DIGITS) -> [smallest exact z_eff in the group, count]. Composition is
     # commutative, so a group is composed once with `count` (see the module docstring).
     self._pld_queue: Dict[dp_accounting.DpEvent, list] = {}
-
-  @staticmethod
-  def supports(record: ledger.RoundRecord) -> bool:
-    return record.tree_leaf is None and record.correlated is None
 
   def compose(self, record: ledger.RoundRecord) -> None:
     event = events.collapsed_dp_event(record, self.neighboring_relation)
@@ -133,7 +130,7 @@ class GaussianRounds(mechanism_account.MechanismAccount):
     return float(self._pld_accountant.get_epsilon(delta))
 
   def rdp_copy(self) -> 'GaussianRounds':
-    trial = GaussianRounds(self.orders, self.neighboring_relation, ('rdp',),
+    trial = type(self)(self.orders, self.neighboring_relation, ('rdp',),
                            self.pld_discretization)
     trial._rdp_cache = self._rdp_cache   # Shared: entries are immutable per exact event.
     trial._rdp = None if self._rdp is None else self._rdp.copy()
@@ -147,3 +144,11 @@ class GaussianRounds(mechanism_account.MechanismAccount):
     other._pld_queue = dict(self._pld_queue)
     other._pld_accountant = copy.deepcopy(self._pld_accountant, memo)
     return other
+
+
+# Independent Gaussian noise every round (DP-FedAvg), composed by `GaussianRounds`.
+FAMILY = noise_family.register(noise_family.NoiseFamily(
+    name='independent', title='independent Gaussian noise',
+    unproven_because='its amplification of this noise is not analysed',
+    statement='DP-FedAvg ({dp} clipping, Gaussian noise), as recorded in ledger.jsonl',
+    account=GaussianRounds, noise_in_round_queries=True, named_in_records=False))

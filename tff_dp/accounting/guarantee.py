@@ -34,7 +34,7 @@ from tff_dp import ledger
 from tff_dp import noise_budget
 from tff_dp.accounting import accountant
 from tff_dp.accounting import claims
-from tff_dp.accounting import correlated_rounds
+from tff_dp.accounting import noise_families
 
 Z_GROUP_DIGITS = 4
 
@@ -64,9 +64,11 @@ def _multiplier_without_amplification(records: Sequence[ledger.RoundRecord],
                                       neighboring_relation: str) -> float:
   """The one Gaussian a known-sample run is: independent noise composes every release
   (z = (sum z_g^-2)^-1/2); correlated noise is one Gaussian whose sensitivity counts every
-  participation the sampler allowed (`CorrelatedRounds.multiplier_without_amplification`)."""
-  if records and records[0].correlated is not None:
-    account = correlated_rounds.CorrelatedRounds((), neighboring_relation, ('rdp',), 1e-4)
+  participation the sampler allowed (`CorrelatedRounds.multiplier_without_amplification`), and
+  so does a registered family's account, if it has that bound."""
+  if records and (records[0].correlated is not None or records[0].noise is not None):
+    account = noise_families.of_record(records[0]).account((), neighboring_relation, ('rdp',),
+                                                           1e-4)
     for record in records:
       account.compose(record)
     return account.multiplier_without_amplification()

@@ -1,16 +1,17 @@
-"""The interface every mechanism's accountant implements, in the style of dp_accounting's
-`PrivacyAccountant` (`supports` / `compose` / `get_epsilon`).
+"""The interface every kind of noise's accountant implements, in the style of dp_accounting's
+`PrivacyAccountant` (`compose` / `get_epsilon`).
 
-A `LedgerAccountant` composes a ledger through one `MechanismAccount`: the first in its list
-(`accountant.ACCOUNTS`) whose `supports` accepts the ledger's first record. Every later record
-must be supported by the same account: one ledger holds one mechanism. A new mechanism adds an
-account (a subclass in its own module, added to `ACCOUNTS`), never a branch elsewhere.
+A `LedgerAccountant` composes a ledger through one `MechanismAccount`: the account its first
+record's noise family declares (`noise_family.NoiseFamily.account`). Every later record must be
+of the same family: one ledger holds one mechanism. A new kind of noise is a family with its
+account (a subclass in its own module), never a branch elsewhere.
 """
 
 from typing import Optional, Sequence
 
 import numpy as np
 
+from tff_dp import errors
 from tff_dp import ledger
 
 
@@ -32,12 +33,6 @@ class MechanismAccount:
     self.methods = tuple(methods)
     self.pld_discretization = pld_discretization
 
-  @staticmethod
-  def supports(record: ledger.RoundRecord) -> bool:
-    """Whether this account analyses `record`'s mechanism (its relation is checked by
-    `compose`, which says what to use)."""
-    raise NotImplementedError
-
   def compose(self, record: ledger.RoundRecord) -> None:
     """Adds one round; UserInputError (naming what to use) if it cannot be analysed."""
     raise NotImplementedError
@@ -49,6 +44,14 @@ class MechanismAccount:
   def epsilon_pld(self, delta: float) -> Optional[float]:
     """PLD epsilon at `delta`; None when PLD does not apply to the mechanism."""
     raise NotImplementedError
+
+  def multiplier_without_amplification(self) -> float:
+    """The noise multiplier of the one Gaussian the composed rounds are against someone who
+    holds the sampling seed (knows every sample); a family without that analysis is refused
+    when the sample was seeded."""
+    raise errors.UserInputError(
+        f'{self.name} has no analysis against a holder of the sampling seed: sample with a '
+        'secret key (no `sampling_seed`)')
 
   def rdp_copy(self) -> 'MechanismAccount':
     """An independent RDP-only copy, to compose a trial round into (`peek_epsilon`)."""

@@ -76,4 +76,4 @@ class NoiseCohort:
     if noise is not None and follows_population is not None:
       noise = follows_population(noise, self.rounds_per_epoch)
     return ledger.RoundRecord(r, self.production_sampling(record.sampling, r), queries, leaf,
-                              noise)
+                              noise, record.noise)

@@ -31,6 +31,7 @@ from tff_dp import ledger
 from tff_dp import noise_budget
 from tff_dp.accounting import events
 from tff_dp.accounting import mechanism_account
+from tff_dp.accounting import noise_family
 
 
 class TreeRounds(mechanism_account.MechanismAccount):
@@ -63,10 +64,6 @@ class TreeRounds(mechanism_account.MechanismAccount):
       event = dp_accounting.SingleEpochTreeAggregationDpEvent(float(z), int(steps))
       self._cache[key] = acc.compose(event).rdp
     return self._cache[key]
-
-  @staticmethod
-  def supports(record: ledger.RoundRecord) -> bool:
-    return record.tree_leaf is not None
 
   def compose(self, record: ledger.RoundRecord) -> None:
     events.check_analysable(record.sampling.kind, 'tree')
@@ -125,3 +122,18 @@ class TreeRounds(mechanism_account.MechanismAccount):
 
   def rdp_copy(self) -> 'TreeRounds':
     return copy.deepcopy(self)
+
+
+def _epoch(cycle, total_rounds, own, amplified) -> dict:
+  # The tree restarts every epoch of the shuffled sampler.
+  del total_rounds, own, amplified
+  return {'rounds_per_epoch': cycle}
+
+
+# Tree-aggregation noise (DP-FTRL), composed by `TreeRounds`.
+FAMILY = noise_family.register(noise_family.NoiseFamily(
+    name='tree', title='tree-aggregation noise (DP-FTRL)',
+    unproven_because='a client could be in several rounds of one tree',
+    statement='DP-FTRL ({dp}: tree-aggregation noise), as recorded in ledger.jsonl',
+    account=TreeRounds, carries_state=True, records_tree_leaf=True, schedule_arguments=_epoch,
+    named_in_records=False))

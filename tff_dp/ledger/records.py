@@ -108,12 +108,16 @@ class RoundRecord:
   tree (1: the round starts a new tree). The queries' `noise_stddev` is then the stddev of the
   noise of each tree node. None (not written to JSON) for independent Gaussian noise.
   `correlated`: the strategy of correlated noise (`dp=blt|bandmf`), else None (not written).
+  `noise`: the name of the record's noise family when it is a registered one
+  (`tff_dp.accounting.noise_family`), which its account composes; None (not written) for the
+  built-in families, which the record's shape tells apart.
   """
   round_num: int
   sampling: SamplingEvent
   queries: Tuple[GaussianSumQuery, ...]
   tree_leaf: Optional[int] = None
   correlated: Optional[CorrelatedNoise] = None
+  noise: Optional[str] = None
 
   def __post_init__(self):
     object.__setattr__(self, 'round_num', as_int(self.round_num, 'RoundRecord.round_num', 0))
@@ -124,6 +128,8 @@ class RoundRecord:
                         f'{self.correlated!r}.')
     if not isinstance(self.sampling, SamplingEvent):
       raise LedgerError(f'RoundRecord.sampling must be a SamplingEvent, got {self.sampling!r}.')
+    if self.noise is not None and (not isinstance(self.noise, str) or not self.noise):
+      raise LedgerError(f'RoundRecord.noise must name a noise family, got {self.noise!r}.')
     queries = tuple(self.queries)
     for q in queries:
       if not isinstance(q, GaussianSumQuery):
@@ -140,6 +146,8 @@ class RoundRecord:
       out['tree_leaf'] = self.tree_leaf
     if self.correlated is not None:
       out['correlated'] = self.correlated.to_json()
+    if self.noise is not None:
+      out['noise'] = self.noise
     return out
 
   @classmethod
@@ -147,8 +155,10 @@ class RoundRecord:
     """Strict inverse of `to_json`: exact key sets, JSON types, then value validation."""
     tree = isinstance(obj, dict) and 'tree_leaf' in obj
     correlated = isinstance(obj, dict) and 'correlated' in obj
+    named = isinstance(obj, dict) and 'noise' in obj
     _check_keys(obj, {'round_num', 'sampling', 'queries'} | ({'tree_leaf'} if tree else set())
-                | ({'correlated'} if correlated else set()), 'record')
+                | ({'correlated'} if correlated else set())
+                | ({'noise'} if named else set()), 'record')
     if correlated:
       fields = {f.name for f in dataclasses.fields(CorrelatedNoise)}
       _check_keys(obj['correlated'], fields if 'coefs' in obj['correlated'] else
@@ -187,7 +197,7 @@ class RoundRecord:
       _check_json_number(q['noise_stddev'], 'noise_stddev')
       queries.append(GaussianSumQuery(q['name'], q['l2_norm_clip'], q['noise_stddev']))
     return cls(obj['round_num'], SamplingEvent(**s), tuple(queries), obj.get('tree_leaf'),
-               CorrelatedNoise(**obj['correlated']) if correlated else None)
+               CorrelatedNoise(**obj['correlated']) if correlated else None, obj.get('noise'))
 
 
 def _check_keys(obj: Any, keys: set, what: str) -> None:

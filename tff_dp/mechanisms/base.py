@@ -49,7 +49,8 @@ class Mechanism:
   description: one line, for help texts and docs.
   noise: its kind of noise (`tff_dp.accounting.noise_families`): `INDEPENDENT` (fresh
     Gaussian noise every round), `TREE` (tree aggregation, DP-FTRL) or `CORRELATED` (a
-    Toeplitz strategy's noise, correlated across rounds), or a family `register`ed there.
+    Toeplitz strategy's noise, correlated across rounds), or a family `register`ed there with
+    its account and its claim rows (`claims.register`).
   samplers: the `client_sampling` values its claims cover, its default first; each must have a
     row of the claim table (`tff_dp.accounting.claims`) for its noise.
   build_factory: (a `FactoryRequest`) -> its `tff.aggregators.UnweightedAggregationFactory`.
@@ -83,8 +84,9 @@ class Mechanism:
                        f'(tff_dp.accounting.noise_families), got {self.noise!r}')
     if not self.samplers:
       raise ValueError(f'Mechanism {self.name!r} lists no sampler')
-    for sampler in self.samplers:
-      claims.claim(self.noise.name, sampler)   # A sampler without a proof is refused here.
+    for sampler in self.samplers:   # A sampler without a proof is refused here.
+      if sampler not in claims.proven_samplers(self.noise.name):
+        claims.claim(self.noise.name, sampler)
     if self.noise.planned_for_rounds != (self.strategy_coefs is not None):
       raise ValueError(f'Mechanism {self.name!r}: noise planned for the rounds (correlated), '
                        'and only it, has a strategy')

@@ -51,6 +51,8 @@ class Privacy:
   # The ledger's MAC key (None: a run recorded before MACs), and a new one to keep.
   ledger_key: Optional[bytes] = None
   ledger_key_to_save: Optional[bytes] = None
+  # The noise family every record names (`NoiseFamily.recorded_name`), else None.
+  recorded_noise: Optional[str] = None
 
   @property
   def noise_state(self) -> bool:
@@ -204,7 +206,8 @@ def build(sampling_cfg: config_lib.SamplingConfig, dp: config_lib.DPConfig,
                  projection=(_projection(cohort, accounting_cfg, relation) if cohort is not None
                              else None),
                  population_to_save=digest, ledger_key=ledger_key,
-                 ledger_key_to_save=new_ledger_key)
+                 ledger_key_to_save=new_ledger_key,
+                 recorded_noise=mechanism.noise.recorded_name if mechanism else None)
 
 
 def available_memory_bytes() -> Optional[int]:
@@ -262,7 +265,7 @@ def planned_queries(privacy: Privacy, process, max_epsilon: Optional[float],
   if not resume:
     first = guarantee.predicted([], ledger_lib.RoundRecord(
         1, privacy.sampler.sampling_event(1), planned, 1 if privacy.tree else None,
-        privacy.correlated), privacy.accountant)
+        privacy.correlated, privacy.recorded_noise), privacy.accountant)
     if first > max_epsilon:
       raise UserInputError(
           f'`max_epsilon={max_epsilon:g}`: the first round alone would reach epsilon '
@@ -287,4 +290,5 @@ def recorder(privacy: Privacy, ledger_path: str, planned: tuple, resume: bool, l
   return privacy_recorder.PrivacyRecorder(
       ledger=ledger, accountant=privacy.accountant, sampler=privacy.sampler,
       planned_queries=planned, planned_tree_leaf=1 if privacy.tree else None,
-      correlated=privacy.correlated, projection=privacy.projection)
+      correlated=privacy.correlated, noise=privacy.recorded_noise,
+      projection=privacy.projection)

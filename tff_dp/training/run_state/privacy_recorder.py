@@ -69,6 +69,8 @@ class PrivacyRecorder:
   planned_tree_leaf: Optional[int] = None
   # The correlated-noise strategy every record carries (dp=blt|bandmf), else None.
   correlated: Optional[ledger_lib.CorrelatedNoise] = None
+  # The noise family every record names (`NoiseFamily.recorded_name`), else None.
+  noise: Optional[str] = None
   last_record: Optional[ledger_lib.RoundRecord] = None   # Of the last executed round.
   projection: Optional[Projection] = None   # A noise cohort's projected production run.
   # Every record the accountant composed, in ledger order (what the headline is of).
@@ -94,7 +96,7 @@ class PrivacyRecorder:
                          'to train without a ledger record')
     self.last_record = ledger_lib.RoundRecord(
         round_num, self.sampler.sampling_event(round_num), tuple(queries),
-        privacy_queries_lib.find_tree_leaf(aggregator_metrics), self.correlated)
+        privacy_queries_lib.find_tree_leaf(aggregator_metrics), self.correlated, self.noise)
     with run_dir_lib.writing(f'the ledger record of round {round_num}', self.ledger.path):
       self.ledger.append(self.last_record)
     self.accountant.add(self.last_record)
@@ -132,7 +134,7 @@ class PrivacyRecorder:
     elif last is None:
       leaf = self.planned_tree_leaf
     record = ledger_lib.RoundRecord(round_num, sampling_event, tuple(queries), leaf,
-                                    self.correlated)
+                                    self.correlated, self.noise)
     return guarantee.predicted(self.records, record, self.accountant)
 
 
