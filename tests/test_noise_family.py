@@ -142,3 +142,18 @@ def test_a_run_of_the_toy_mechanism_is_recorded_accounted_and_stated(toy_noise, 
   with open(os.path.join(summary.run_dir, 'summary.json')) as f:
     assert 'a toy (toy_doubled_fixed: each round accounted twice)' in json.load(f)[
         'privacy']['mechanism']
+
+
+def test_a_row_its_samplers_declaration_contradicts_is_refused(monkeypatch):
+  """A row of independent noise is composed by the sampler's `independent_event`: a sampler
+  that declares none cannot have one (it failed deep in the accountant before)."""
+  monkeypatch.setattr(claims, 'CLAIMS', list(claims.CLAIMS))
+  monkeypatch.setattr(claims, '_BY_ROW', dict(claims._BY_ROW))  # pylint: disable=protected-access
+  with pytest.raises(ValueError, match='declares no independent_event'):
+    claims.register(claims.Claim(claims.INDEPENDENT_NOISE, 'shuffled', claims.ZERO_OUT,
+                                 'none', amplified=False, attack='none'))
+  with pytest.raises(ValueError, match='rate disagrees with its sampler'):
+    claims.register(claims.Claim(TOY_NOISE, 'shuffled', claims.ZERO_OUT, 'none',
+                                 amplified=False, attack='none', rate=claims.RATE_GIVEN))
+  with pytest.raises(ValueError, match='has a row for'):
+    claims.register(claims.CLAIMS[0])

@@ -108,6 +108,8 @@ _AMPLIFIED_BANDMF_PROOF = (
     'Factorization", Theorem 4, with every client drawing its group independently (so '
     'adding a client moves no other; jax_privacy PartitionType.INDEPENDENT)')
 
+# The family whose rounds `events` composes as sampled Gaussians on the recorded sample.
+INDEPENDENT_NOISE = 'independent'
 CLAIMS = [   # The built-in rows; `register` adds a registered family's.
     Claim('independent', 'poisson', 'add_remove', _POISSON_PROOF,
           amplified=True, attack='test_poisson_add_remove', rate=RATE_GIVEN),
@@ -135,14 +137,20 @@ CLAIMS = [   # The built-in rows; `register` adds a registered family's.
 ]
 
 
-def _check_rate(row: Claim) -> None:
-  # A row has a rate exactly when its sampler's declaration draws with one.
-  if (row.rate != RATE_NONE) != sampling.get(row.sampler).with_rate:
+def _check_row(row: Claim) -> None:
+  """ValueError for a row its sampler's declaration contradicts: a rate exactly when the
+  sampler draws with one, and for independent noise the sampler's event of it (which
+  `events` composes)."""
+  declared = sampling.get(row.sampler)
+  if (row.rate != RATE_NONE) != declared.with_rate:
     raise ValueError(f'claim row whose rate disagrees with its sampler: {row}')
+  if row.noise == INDEPENDENT_NOISE and declared.independent_event is None:
+    raise ValueError(f'claim row of independent noise whose sampler declares no '
+                     f'independent_event: {row}')
 
 
 for _row in CLAIMS:
-  _check_rate(_row)
+  _check_row(_row)
 _BY_ROW = {(c.noise, c.sampler, c.rate_given): c for c in CLAIMS}
 
 
@@ -150,7 +158,7 @@ def register(row: Claim) -> None:
   """Adds a proven (noise, sampler, rate) row: a registered noise family's claim
   (`noise_family.register`), its proof named and its attack a test of the registering code;
   ValueError if the table has that row already or its rate disagrees with its sampler."""
-  _check_rate(row)
+  _check_row(row)
   key = (row.noise, row.sampler, row.rate_given)
   if key in _BY_ROW:
     raise ValueError(f'the claim table has a row for {key} already')

@@ -123,7 +123,7 @@ def _wrap_sampling(record: ledger.RoundRecord, neighboring_relation: str,
   """The round's event: `inner` on the recorded sample, as its sampler declares it
   (`SamplerKind.independent_event`), for a sampler the claim table proves it with."""
   s = record.sampling
-  check_analysable(s.kind, 'independent')
+  check_analysable(s.kind, claims.INDEPENDENT_NOISE)
   try:
     return sampling.get(s.kind).independent_event(s, neighboring_relation, inner)
   except errors.UserInputError as e:

@@ -41,6 +41,7 @@ import numpy as np
 
 from tff_dp import errors
 from tff_dp import ledger
+from tff_dp.accounting import claims
 from tff_dp.accounting import events
 from tff_dp.accounting import mechanism_account
 from tff_dp.accounting import noise_family
@@ -148,7 +149,7 @@ class GaussianRounds(mechanism_account.MechanismAccount):
 
 # Independent Gaussian noise every round (DP-FedAvg), composed by `GaussianRounds`.
 FAMILY = noise_family.register(noise_family.NoiseFamily(
-    name='independent', title='independent Gaussian noise',
+    name=claims.INDEPENDENT_NOISE, title='independent Gaussian noise',
     unproven_because='its amplification of this noise is not analysed',
     statement='DP-FedAvg ({dp} clipping, Gaussian noise), as recorded in ledger.jsonl',
     account=GaussianRounds, noise_in_round_queries=True, named_in_records=False))

@@ -54,8 +54,8 @@ class NoiseCohort:
   @property
   def rounds_per_epoch(self) -> int:
     """Production rounds between two participations of a client under the permutation
-    samplers: population // M."""
-    return self.population // self.cohort_size
+    samplers (`sampling.rounds_per_epoch` of M from the production population)."""
+    return sampling.rounds_per_epoch(self.population, self.cohort_size)
 
   def production_sampling(self, event: ledger.SamplingEvent,
                           round_num: int) -> ledger.SamplingEvent:
