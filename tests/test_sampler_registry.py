@@ -161,3 +161,62 @@ def test_the_documented_files_of_a_sampler_are_what_each_sampler_takes():
 def test_a_sampler_declared_here_is_a_choice_of_the_flag(toy_sampler):
   from tff_dp.training import config_flags  # pylint: disable=g-import-not-at-top
   assert TOY in config_flags.new_flag_values()['client_sampling'].parser.enum_values
+
+
+PROVEN_TOY, PROVEN_TOY_MECHANISM = 'toy_bernoulli', 'toy_fixed_bernoulli'
+
+
+class _Bernoulli(sampling.PoissonSampler):
+  """Poisson sampling under another name: a sampler with a proof, declared here."""
+
+  def sampling_event(self, round_num=None):
+    return dataclasses.replace(super().sampling_event(round_num), kind=PROVEN_TOY)
+
+
+@pytest.fixture
+def proven_toy_sampler(monkeypatch):
+  """The sampler, the claim row its proof gives with independent noise and a mechanism that
+  takes it, registered as a user would (the registries restored afterwards)."""
+  from tff_dp.accounting import claims  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(claims, 'CLAIMS', list(claims.CLAIMS))
+  monkeypatch.setattr(claims, '_BY_ROW', dict(claims._BY_ROW))  # pylint: disable=protected-access
+  poisson = sampling.KINDS['poisson']
+  sampling.register(dataclasses.replace(
+      poisson, name=PROVEN_TOY, title='Bernoulli', description='Poisson, renamed',
+      build=lambda r: _Bernoulli(r.client_ids, r.probability, seed=r.seed,
+                                 probability_given=r.probability_given)))
+  claims.register(claims.Claim(
+      claims.INDEPENDENT_NOISE, PROVEN_TOY, 'add_remove', 'the Poisson-subsampled Gaussian',
+      amplified=True, attack='test_a_sampler_with_a_proof_plugs_in', rate=claims.RATE_GIVEN))
+  mechanisms.register(mechanisms.Mechanism(
+      name=PROVEN_TOY_MECHANISM, description='fixed clip, Bernoulli sampling',
+      noise=mechanisms.get('fixed').noise, samplers=(PROVEN_TOY,),
+      build_factory=mechanisms.get('fixed').build_factory))
+  yield
+  del mechanisms.MECHANISMS[PROVEN_TOY_MECHANISM]
+  del sampling.KINDS[PROVEN_TOY]
+
+
+def test_a_sampler_with_a_proof_plugs_in(proven_toy_sampler, tmp_path):
+  """Its claim row is registered, not written into the claim table: a mechanism listing it is
+  a `dp` choice with it, records its events and is accounted as its declaration says (here
+  as Poisson: dp_accounting's epsilon of five Poisson-sampled Gaussians)."""
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+  from tff_dp import privacy  # pylint: disable=g-import-not-at-top
+  from tff_dp.training.config import ExperimentConfig  # pylint: disable=g-import-not-at-top
+  cfg = ExperimentConfig.from_settings(dp=PROVEN_TOY_MECHANISM, clip=1.0, noise_multiplier=1.0,
+                                       client_sampling=PROVEN_TOY, sampling_probability=0.1)
+  assert cfg.sampling.client_sampling == PROVEN_TOY
+  path = str(tmp_path / 'ledger.jsonl')
+  private = privacy.PrivateAggregation.build(
+      PROVEN_TOY_MECHANISM, [f'c{i}' for i in range(100)], clients_per_round=10, clip=1.0,
+      noise_multiplier=1.2, delta=1e-5, sampling_kind=PROVEN_TOY, sampling_probability=0.1,
+      ledger_path=path)
+  metrics = {'privacy_queries': {'update': {'l2_norm_clip': 1.0, 'noise_stddev': 1.2}}}
+  for r in range(1, 6):
+    private.record(r, metrics)
+  acc = dp_accounting.rdp.RdpAccountant()
+  acc.compose(dp_accounting.PoissonSampledDpEvent(0.1, dp_accounting.GaussianDpEvent(1.2)), 5)
+  assert private.statement()['epsilon']['rdp'] == pytest.approx(acc.get_epsilon(1e-5),
+                                                                 rel=1e-9)
+  assert [r.sampling.kind for r in ledger_lib.read_ledger(path)] == [PROVEN_TOY] * 5

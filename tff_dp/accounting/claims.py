@@ -198,6 +198,13 @@ def claim(noise: str, sampler: str, probability_given: bool = False) -> Claim:
   return found
 
 
+def check_proven(noise: str, sampler: str) -> None:
+  """UserInputError (one line saying what to use) unless the table has a row for `noise` with
+  `sampler`, at either rate (which rate a run has is its claim's to check, `claim`)."""
+  if sampler not in proven_samplers(noise):
+    claim(noise, sampler)
+
+
 def noise_of_record(record) -> str:
   """The name of a ledger record's noise family: the one it names (`RoundRecord.noise`), or
   the built-in one its shape tells: 'tree' (a tree leaf), 'correlated' (a strategy) or

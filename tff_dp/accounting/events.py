@@ -74,7 +74,7 @@ def check_analysable(sampling_kind: str, noise: str) -> None:
   """UserInputError (one line saying what to use) for a sampling with no proof for this noise
   (`tff_dp.mechanisms.Mechanism.noise`): the claim table (`claims`) is the one list of proven
   pairs."""
-  claims.claim(noise, sampling_kind)
+  claims.check_proven(noise, sampling_kind)
 
 
 @functools.lru_cache(maxsize=1)

@@ -85,8 +85,7 @@ class Mechanism:
     if not self.samplers:
       raise ValueError(f'Mechanism {self.name!r} lists no sampler')
     for sampler in self.samplers:   # A sampler without a proof is refused here.
-      if sampler not in claims.proven_samplers(self.noise.name):
-        claims.claim(self.noise.name, sampler)
+      claims.check_proven(self.noise.name, sampler)
     if self.noise.planned_for_rounds != (self.strategy_coefs is not None):
       raise ValueError(f'Mechanism {self.name!r}: noise planned for the rounds (correlated), '
                        'and only it, has a strategy')
