@@ -139,6 +139,10 @@ def test_a_run_of_the_toy_mechanism_is_recorded_accounted_and_stated(toy_noise, 
       _doubled_epsilon(0.25, 1.0, 2, 1e-3), rel=1e-6)
   with open(os.path.join(summary.run_dir, 'ledger.jsonl')) as f:
     assert [json.loads(line)['record']['noise'] for line in f] == [TOY_NOISE] * 2
+  # Its noise state spans rounds (`carries_state`): every round is checkpointed, as a secret.
+  assert sorted(os.listdir(os.path.join(summary.run_dir, 'secret', 'checkpoints'))) == [
+      'round_1', 'round_2']
+  assert not os.path.exists(os.path.join(summary.run_dir, 'checkpoints'))
   with open(os.path.join(summary.run_dir, 'summary.json')) as f:
     assert 'a toy (toy_doubled_fixed: each round accounted twice)' in json.load(f)[
         'privacy']['mechanism']

@@ -53,12 +53,10 @@ class Privacy:
   ledger_key_to_save: Optional[bytes] = None
   # The noise family every record names (`NoiseFamily.recorded_name`), else None.
   recorded_noise: Optional[str] = None
-
-  @property
-  def noise_state(self) -> bool:
-    """Whether checkpoints hold the mechanism's noise state (the tree's, in the aggregator's
-    state; correlated noise's feed, its seed and buffers): then checkpoints are secrets."""
-    return self.tree or self.correlated is not None
+  # Whether checkpoints hold the mechanism's noise state (`NoiseFamily.carries_state`: the
+  # tree's, in the aggregator's state; correlated noise's feed, its seed and buffers): then
+  # checkpoints are secrets.
+  noise_state: bool = False
 
 
 def build_aggregator(dp: config_lib.DPConfig, clients_per_round: int,
@@ -207,7 +205,8 @@ def build(sampling_cfg: config_lib.SamplingConfig, dp: config_lib.DPConfig,
                              else None),
                  population_to_save=digest, ledger_key=ledger_key,
                  ledger_key_to_save=new_ledger_key,
-                 recorded_noise=mechanism.noise.recorded_name if mechanism else None)
+                 recorded_noise=mechanism.noise.recorded_name if mechanism else None,
+                 noise_state=mechanism is not None and mechanism.noise.carries_state)
 
 
 def available_memory_bytes() -> Optional[int]:
