@@ -8,6 +8,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BENCHMARKS = [
     ['bench_rounds.py'],                  # s/round per task; DP vs plain FedAvg
     ['bench_factories.py'],               # every aggregator vs plain/TFF DP: time, peak memory
+    ['bench_cli_rounds.py'],              # command-line rounds with checkpoints: BandMF vs fixed
     ['bench_mechanisms.py'],              # DP-FTRL mechanisms' noise in the model at equal epsilon
     ['bench_throughput.py'],              # our whole round vs plain TFF without DP (<= 1.2x)
     ['bench_limit.py'],                   # our round vs raw TF client work and TFF defaults

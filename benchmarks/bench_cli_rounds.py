@@ -1,0 +1,143 @@
+"""Command-line rounds with their checkpoints: correlated noise against `fixed` as users run it
+(issue 53).
+
+Each arm is one `run_experiment.py` process, exactly as a user starts it: EMNIST on the
+embedded data, 10 clients per round, a checkpoint every round (which BLT and BandMF require,
+and which `fixed` is given too, so the arms write alike), evaluation off. The arms run one
+after another, `--repetitions` times in rotating order (this machine's round time drifts by
+15-30% between runs). For each run the script reads, at every round's console line, the bytes
+the run's processes (the coordinator and its TFF worker) have passed to `write` so far
+(`wchar` of /proc/PID/io: checkpoints, ledger, metrics), and afterwards `wall_seconds` of
+metrics.csv (the whole round, its checkpoint included). It reports per arm, over the last
+`--steady` rounds: the median seconds a round, the bytes written a round, and their ratios to
+`fixed`; and the checkpoint bytes on disk at the end. Targets (issue 53): BandMF with 64
+bands at most 1.15x `fixed`'s round and 1.5x its bytes.
+
+Usage: python benchmarks/bench_cli_rounds.py [--rounds 72] [--steady 8] [--repetitions 2]
+       [--arms fixed,bandmf] [--bands 64]
+"""
+
+import argparse
+import csv
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import bench_args  # noqa: E402  (no TensorFlow)
+import bench_common  # noqa: E402
+
+from tff_dp.execution import runtime  # noqa: E402  (/proc helpers only; imports no TensorFlow)
+
+_ROUND = re.compile(r'^round\s+(\d+)/')
+# Each arm's mechanism flags; every arm samples exactly 10 clients a round.
+ARMS = {
+    'fixed': ['--dp=fixed', '--client_sampling=fixed_size'],
+    'blt': ['--dp=blt', '--client_sampling=min_separation'],
+    'bandmf': ['--dp=bandmf', '--client_sampling=min_separation'],
+}
+TARGET_TIME, TARGET_BYTES = 1.15, 1.5
+
+
+def bytes_written(pid: int) -> int:
+  """Bytes process `pid` has passed to write() (`wchar`), 0 once it is gone."""
+  try:
+    with open(f'/proc/{pid}/io') as f:
+      return next(int(line.split()[1]) for line in f if line.startswith('wchar:'))
+  except (OSError, StopIteration):
+    return 0
+
+
+def _tree_bytes(pid: int, seen: dict) -> int:
+  """Bytes written so far by `pid` and its workers (a worker's last reading is kept after it
+  exits)."""
+  for p in [pid, *runtime.worker_pids(pid)]:
+    seen[p] = max(seen.get(p, 0), bytes_written(p))
+  return sum(seen.values())
+
+
+def run_arm(arm: str, args, out_dir: str, name: str) -> dict:
+  """One run of `arm`: {'seconds': steady round seconds, 'bytes': steady bytes a round,
+  'checkpoint_bytes': on disk at the end}."""
+  cmd = [sys.executable, os.path.join(ROOT, 'run_experiment.py'), '--task=emnist',
+         f'--embedded_data_dir={os.path.join(ROOT, "data_cache", "embedded")}',
+         *ARMS[arm], '--clip=0.1', '--noise_multiplier=0.7', '--clients_per_round=10',
+         f'--total_rounds={args.rounds}', '--rounds_per_checkpoint=1',
+         f'--rounds_per_eval={args.rounds + 1}', f'--root_output_dir={out_dir}',
+         f'--experiment_name={name}'] + ([f'--bands={args.bands}'] if arm == 'bandmf' else [])
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='3')
+  written, seen = {}, {}
+  with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                        env=env, cwd=ROOT) as proc:
+    for line in proc.stdout:
+      m = _ROUND.match(line)
+      if m:
+        written[int(m.group(1))] = _tree_bytes(proc.pid, seen)
+      elif line.startswith('error'):
+        print(line.rstrip(), flush=True)
+  if proc.returncode != 0 or len(written) < args.rounds:
+    sys.exit(f'{arm}: run_experiment.py exited with {proc.returncode} after '
+             f'{len(written)} rounds')
+  run_dir = os.path.join(out_dir, name)
+  with open(os.path.join(run_dir, 'metrics.csv'), newline='') as f:
+    seconds = {int(r['round']): float(r['wall_seconds']) for r in csv.DictReader(f)}
+  first = args.rounds - args.steady
+  return {'seconds': statistics.median(seconds[r] for r in range(first + 1, args.rounds + 1)),
+          'bytes': (written[args.rounds] - written[first]) / args.steady,
+          'checkpoint_bytes': _checkpoint_bytes(run_dir)}
+
+
+def _checkpoint_bytes(run_dir: str) -> int:
+  """Bytes of the run's checkpoints on disk (in the open or under secret/)."""
+  total = 0
+  for folder in ('checkpoints', os.path.join('secret', 'checkpoints')):
+    for dirpath, _, names in os.walk(os.path.join(run_dir, folder)):
+      total += sum(os.path.getsize(os.path.join(dirpath, n)) for n in names)
+  return total
+
+
+# `--smoke`: the smallest settings, which the test suite runs (bench_args).
+SMOKE = ['--rounds=2', '--steady=1', '--repetitions=1', '--bands=2']
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--rounds', type=int, default=72)
+  parser.add_argument('--steady', type=int, default=8,
+                      help='The last rounds of each run that are measured.')
+  parser.add_argument('--repetitions', type=int, default=2)
+  parser.add_argument('--arms', default='fixed,bandmf', help=f'From {",".join(ARMS)}.')
+  parser.add_argument('--bands', type=int, default=64, help='BandMF\'s bands.')
+  args = bench_args.parse(parser, SMOKE)
+  arms = args.arms.split(',')
+  if set(arms) - set(ARMS) or 'fixed' not in arms or not 1 <= args.steady < args.rounds:
+    parser.error(f'--arms from {",".join(ARMS)}, fixed among them; 1 <= --steady < --rounds')
+  print(f'{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start; EMNIST CNN, '
+        f'10 clients, {args.rounds} rounds, a checkpoint every round; the last {args.steady} '
+        f'rounds of each run measured', flush=True)
+  results = {arm: [] for arm in arms}
+  with tempfile.TemporaryDirectory(prefix='bench_cli_rounds-') as out_dir:
+    for i, arm in enumerate(bench_common.rotating_order(arms, args.repetitions)):
+      results[arm].append(run_arm(arm, args, out_dir, f'{arm}-{i}'))
+      last = results[arm][-1]
+      print(f'  {arm}: {last["seconds"]:.3f} s/round, {last["bytes"] / 2**20:.1f} MiB '
+            f'written/round', flush=True)
+  median = {arm: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+            for arm, runs in results.items()}
+  base = median['fixed']
+  print(f'\n{"arm":<8} {"s/round":>8} {"x fixed":>8} {"MiB written/round":>18} {"x fixed":>8} '
+        f'{"checkpoints MiB":>16}')
+  for arm, m in median.items():
+    print(f'{arm:<8} {m["seconds"]:>8.3f} {m["seconds"] / base["seconds"]:>8.2f} '
+          f'{m["bytes"] / 2**20:>18.1f} {m["bytes"] / max(base["bytes"], 1):>8.2f} '
+          f'{m["checkpoint_bytes"] / 2**20:>16.1f}')
+  print(f'targets: at most {TARGET_TIME}x fixed per round, {TARGET_BYTES}x its bytes a round')
+
+
+if __name__ == '__main__':
+  main()
