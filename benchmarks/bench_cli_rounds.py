@@ -7,13 +7,15 @@ and which `fixed` is given too, so the arms write alike), evaluation off. The ar
 after another, `--repetitions` times in rotating order (this machine's round time drifts by
 15-30% between runs). For each run the script reads, at every round's console line, the bytes
 the run's processes (the coordinator and its TFF worker) have passed to `write` so far
-(`wchar` of /proc/PID/io: checkpoints, ledger, metrics), and afterwards `wall_seconds` of
-metrics.csv (the whole round, its checkpoint included). It reports per arm, over the last
-`--steady` rounds: the median seconds a round, the bytes written a round, and their ratios to
-`fixed`; and the checkpoint bytes on disk at the end. Targets (issue 53): BandMF with 64
-bands at most 1.15x `fixed`'s round and 1.5x its bytes.
+(`wchar` of /proc/PID/io: checkpoints, noise snapshots, ledger, metrics), and afterwards
+`wall_seconds` of metrics.csv (the whole round, its checkpoint included). It reports per arm,
+over the last `--steady` rounds: the mean seconds a round and the bytes written a round (the
+default window of 128 rounds holds one of 64-band BandMF's noise snapshots, which come every
+126 rounds, so both are amortized over it), and their ratios to `fixed`; and the bytes of
+checkpoints and snapshots on disk at the end. Targets (issue 53): BandMF with 64 bands at
+most 1.15x `fixed`'s round and 1.5x its bytes.
 
-Usage: python benchmarks/bench_cli_rounds.py [--rounds 72] [--steady 8] [--repetitions 2]
+Usage: python benchmarks/bench_cli_rounds.py [--rounds 140] [--steady 128] [--repetitions 2]
        [--arms fixed,bandmf] [--bands 64]
 """
 
@@ -32,6 +34,7 @@ sys.path.insert(0, ROOT)
 import bench_args  # noqa: E402  (no TensorFlow)
 import bench_common  # noqa: E402
 
+from tff_dp import run_format  # noqa: E402  (file names; imports no TensorFlow)
 from tff_dp.execution import runtime  # noqa: E402  (/proc helpers only; imports no TensorFlow)
 
 _ROUND = re.compile(r'^round\s+(\d+)/')
@@ -63,7 +66,7 @@ def _tree_bytes(pid: int, seen: dict) -> int:
 
 def run_arm(arm: str, args, out_dir: str, name: str) -> dict:
   """One run of `arm`: {'seconds': steady round seconds, 'bytes': steady bytes a round,
-  'checkpoint_bytes': on disk at the end}."""
+  'checkpoint_bytes': checkpoints and snapshots on disk at the end}."""
   cmd = [sys.executable, os.path.join(ROOT, 'run_experiment.py'), '--task=emnist',
          f'--embedded_data_dir={os.path.join(ROOT, "data_cache", "embedded")}',
          *ARMS[arm], '--clip=0.1', '--noise_multiplier=0.7', '--clients_per_round=10',
@@ -71,31 +74,32 @@ def run_arm(arm: str, args, out_dir: str, name: str) -> dict:
          f'--rounds_per_eval={args.rounds + 1}', f'--root_output_dir={out_dir}',
          f'--experiment_name={name}'] + ([f'--bands={args.bands}'] if arm == 'bandmf' else [])
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='3')
-  written, seen = {}, {}
+  written, seen, tail = {}, {}, []
   with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                         env=env, cwd=ROOT) as proc:
     for line in proc.stdout:
+      tail = (tail + [line.rstrip()])[-15:]
       m = _ROUND.match(line)
       if m:
         written[int(m.group(1))] = _tree_bytes(proc.pid, seen)
-      elif line.startswith('error'):
-        print(line.rstrip(), flush=True)
   if proc.returncode != 0 or len(written) < args.rounds:
-    sys.exit(f'{arm}: run_experiment.py exited with {proc.returncode} after '
-             f'{len(written)} rounds')
+    sys.exit('\n'.join(tail) + f'\n{arm}: run_experiment.py exited with {proc.returncode} '
+             f'after {len(written)} rounds')
   run_dir = os.path.join(out_dir, name)
   with open(os.path.join(run_dir, 'metrics.csv'), newline='') as f:
     seconds = {int(r['round']): float(r['wall_seconds']) for r in csv.DictReader(f)}
   first = args.rounds - args.steady
-  return {'seconds': statistics.median(seconds[r] for r in range(first + 1, args.rounds + 1)),
+  return {'seconds': statistics.mean(seconds[r] for r in range(first + 1, args.rounds + 1)),
           'bytes': (written[args.rounds] - written[first]) / args.steady,
           'checkpoint_bytes': _checkpoint_bytes(run_dir)}
 
 
 def _checkpoint_bytes(run_dir: str) -> int:
-  """Bytes of the run's checkpoints on disk (in the open or under secret/)."""
+  """Bytes of the run's checkpoints and noise snapshots on disk (in the open or under
+  secret/)."""
   total = 0
-  for folder in ('checkpoints', os.path.join('secret', 'checkpoints')):
+  for folder in run_format.CHECKPOINT_FOLDERS + (
+      os.path.join(run_format.SECRET_FOLDER, run_format.NOISE_SNAPSHOTS_FOLDER),):
     for dirpath, _, names in os.walk(os.path.join(run_dir, folder)):
       total += sum(os.path.getsize(os.path.join(dirpath, n)) for n in names)
   return total
@@ -107,8 +111,8 @@ SMOKE = ['--rounds=2', '--steady=1', '--repetitions=1', '--bands=2']
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--rounds', type=int, default=72)
-  parser.add_argument('--steady', type=int, default=8,
+  parser.add_argument('--rounds', type=int, default=140)
+  parser.add_argument('--steady', type=int, default=128,
                       help='The last rounds of each run that are measured.')
   parser.add_argument('--repetitions', type=int, default=2)
   parser.add_argument('--arms', default='fixed,bandmf', help=f'From {",".join(ARMS)}.')
@@ -131,7 +135,7 @@ def main():
             for arm, runs in results.items()}
   base = median['fixed']
   print(f'\n{"arm":<8} {"s/round":>8} {"x fixed":>8} {"MiB written/round":>18} {"x fixed":>8} '
-        f'{"checkpoints MiB":>16}')
+        f'{"on disk MiB":>16}')
   for arm, m in median.items():
     print(f'{arm:<8} {m["seconds"]:>8.3f} {m["seconds"] / base["seconds"]:>8.2f} '
           f'{m["bytes"] / 2**20:>18.1f} {m["bytes"] / max(base["bytes"], 1):>8.2f} '

@@ -17,9 +17,11 @@ import tensorflow_federated as tff
 from tff_dp import aggregators
 from tff_dp import ledger as ledger_lib
 from tff_dp import mechanisms
+from tff_dp import run_format
 from tff_dp import sampling
 from tff_dp.accounting import correlated
 from tff_dp.aggregators import noise_feed
+from tff_dp.aggregators import tree_aggregation
 from tff_dp.matrix_factorization import streaming
 from tff_dp.matrix_factorization import toeplitz
 from run_helpers import main_in_process
@@ -253,23 +255,32 @@ def test_a_resumed_bandmf_run_continues_its_noise_and_epsilon_curve(tag_data_dir
 
 @pytest.mark.parametrize('kind', ['blt', 'bandmf'])
 @pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
-def test_resume_mid_run_with_noise_off_gives_the_uninterrupted_model(kind, tag_task, tmp_path):
-  """Stopped after round 3 (a stop signal between rounds) and resumed to round 7: the noise
-  state (zero with noise off), the seeded samples and the server optimizer continue, so the
-  final model is the uninterrupted run's."""
+def test_a_resumed_run_feeds_the_uninterrupted_noise_and_gives_its_model(kind, tag_task,
+                                                                        tmp_path, monkeypatch):
+  """Stopped after round 5 (a stop signal between rounds) and resumed to round 7, with noise
+  on and both runs given one noise seed: the noise state (rebuilt from the checkpoint's seed
+  and the newest snapshot, noise_feed_hook), the seeded samples and the server optimizer
+  continue, so the final model is the uninterrupted run's."""
+  monkeypatch.setattr(tree_aggregation, 'noise_seed', lambda seed: 77)
   settings = dict(root_output_dir=str(tmp_path), task='stackoverflow_tag', total_rounds=7,
-                  clients_per_round=4, dp=kind, clip=0.5, noise_multiplier=0.0,
+                  clients_per_round=4, dp=kind, clip=0.5, noise_multiplier=1.0,
                   client_sampling='min_separation', server_momentum=0.9, seed=3,
                   sampling_seed=5, max_eval_examples=20, delta=1e-3)
   run = functools.partial(run_stopped_after, settings, tag_task)
 
   whole = run('whole')
-  stopped = run('part', stop_after=3)
-  assert stopped.rounds_completed == 3
+  stopped = run('part', stop_after=5)
+  assert stopped.rounds_completed == 5
   resumed = run('part', resume=True)
   assert resumed.rounds_completed == 7
   for a, b in zip(whole.final_state.global_model_weights.trainable,
                   resumed.final_state.global_model_weights.trainable):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  # This BLT's one buffer is snapshotted every 2 rounds (the resume replayed round 5 from
+  # round 4's; the two newest are kept); 5 bands' 4 buffers every 8 (none: the resume
+  # replayed rounds 1-5).
+  snapshots = tmp_path / 'part' / 'secret' / run_format.NOISE_SNAPSHOTS_FOLDER
+  assert sorted(os.listdir(snapshots) if snapshots.exists() else []) == (
+      ['round_00000004.npz', 'round_00000006.npz'] if kind == 'blt' else [])
   records = ledger_lib.read_ledger(str(tmp_path / 'part' / 'ledger.jsonl'))
   assert [r.round_num for r in records] == list(range(1, 8))

@@ -9,12 +9,13 @@ from typing import Iterator, Optional, TextIO
 
 
 @contextlib.contextmanager
-def replacing(path: str, newline: Optional[str] = None, mode: int = 0o644) -> Iterator[TextIO]:
-  """Yields a text file; when the block ends without error it replaces `path` atomically,
-  with permissions `mode` (0o600 for a secret)."""
+def replacing(path: str, newline: Optional[str] = None, mode: int = 0o644, *,
+              binary: bool = False) -> Iterator[TextIO]:
+  """Yields a text file (`binary`: a bytes file); when the block ends without error it
+  replaces `path` atomically, with permissions `mode` (0o600 for a secret)."""
   fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), prefix='.tmp-')
   try:
-    with os.fdopen(fd, 'w', newline=newline) as f:
+    with os.fdopen(fd, 'wb' if binary else 'w', newline=None if binary else newline) as f:
       yield f
       f.flush()
       os.fsync(f.fileno())

@@ -20,7 +20,10 @@ built with `CorrelatedNoiseFactory`, or the factory's aggregation process alone)
       state = output.state
 
 `feed.state()` / `feed.restore(saved)` carry the feed across a checkpoint; the seed and the
-buffers are secrets of the run (they reveal the noise).
+buffers are secrets of the run (they reveal the noise). The buffers are many model copies, and
+a function of the seed and the round: `feed.state(with_buffers=False)` leaves them out, and
+`restore` replays them from an earlier `feed.snapshot()` (the command line keeps one every
+`noise_feed_hook.snapshot_every` rounds).
 """
 
 import collections
@@ -83,18 +86,54 @@ class NoiseFeed:
       raise ValueError(f'round {round_num} was not fed')
     self._committed, self._pending = self._pending, None
 
-  def state(self) -> collections.OrderedDict:
-    """What a checkpoint holds of the feed (secret): seed, rounds done, buffers."""
-    committed = self._committed
-    return collections.OrderedDict(seed=np.int64(self.seed), step=np.int64(committed.step),
-                                   buffers=list(committed.buffers))
+  def state(self, *, with_buffers: bool = True) -> collections.OrderedDict:
+    """What a checkpoint holds of the feed (secret): seed, rounds done, buffers.
 
-  def restore(self, saved) -> None:
-    """The feed as `state()` saved it."""
+    `with_buffers=False` leaves the buffers out: `restore` then rebuilds them from an earlier
+    round's (`snapshot`) and the seed, and a checkpoint costs the model, not the many model
+    copies the buffers are.
+    """
+    committed = self._committed
+    saved = collections.OrderedDict(seed=np.int64(self.seed), step=np.int64(committed.step))
+    if with_buffers:
+      saved['buffers'] = list(committed.buffers)
+    return saved
+
+  def snapshot(self) -> streaming.StreamState:
+    """The stream after the last committed round (its buffers are a secret of the run)."""
+    return self._committed
+
+  def restore(self, saved, snapshot: Optional[streaming.StreamState] = None) -> int:
+    """The feed as `state()` saved it; the rounds replayed to rebuild its buffers.
+
+    A state saved without its buffers is rebuilt from `snapshot` (the stream after an earlier
+    round of the same seed; None: the start, for which the feed must have been sized by
+    `start`) by replaying the rounds between. Round t's draws are a function of (seed, t) and
+    `advance` is deterministic, so the rebuilt buffers are bit-identical to the uninterrupted
+    run's.
+    """
     self.seed = int(saved['seed'])
-    self._committed = streaming.StreamState(
-        int(saved['step']), tuple(np.asarray(b) for b in saved['buffers']))
+    step = int(saved['step'])
     self._pending = None
+    if 'buffers' in saved:
+      self._committed = streaming.StreamState(
+          step, tuple(np.asarray(b) for b in saved['buffers']))
+      return 0
+    start = snapshot if snapshot is not None else self._start_of_stream()
+    if start.step > step:
+      raise ValueError(f'a snapshot of round {start.step} cannot rebuild round {step}')
+    size = start.buffers[0].size if start.buffers else 0
+    state = start
+    for round_num in range(start.step + 1, step + 1):
+      _, state = self.stream.advance(state, streaming.fresh_draws(self.seed, round_num, size))
+    self._committed = state
+    return step - start.step
+
+  def _start_of_stream(self) -> streaming.StreamState:
+    if self._committed is None:
+      raise ValueError('size the feed (`start`) before restoring a state saved without buffers')
+    size = self._committed.buffers[0].size if self._committed.buffers else 0
+    return self.stream.start(size)
 
 
 def for_factory(factory) -> Optional[NoiseFeed]:
@@ -109,6 +148,28 @@ def with_zero_noise(state, round_num: int = 1):
   the round's measurements (nothing it outputs is released)."""
   path = _slot_path(state)
   return _replace_at(state, path, _at(state, path)._replace(fed_round=np.int64(round_num)))
+
+
+def without_noise(state):
+  """`state` with its slot's noise replaced by empty arrays of the same dtypes and ranks: the
+  slot is zeros between rounds, so a checkpoint need not hold it (`with_noise_of` refills it).
+  A state without a slot is returned as it is."""
+  if not holds_fed_noise(state):
+    return state
+  path = _slot_path(state)
+  slot = _at(state, path)
+  empty = tf.nest.map_structure(
+      lambda t: np.zeros((0,) * np.ndim(t), np.asarray(t).dtype), slot.noise)
+  return _replace_at(state, path, slot._replace(noise=empty))
+
+
+def with_noise_of(state, like):
+  """`state` with its slot's noise taken from `like` (a state of the same process between
+  rounds, whose slot holds zeros): undoes `without_noise`."""
+  if not holds_fed_noise(state):
+    return state
+  path = _slot_path(state)
+  return _replace_at(state, path, _at(state, path)._replace(noise=_at(like, path).noise))
 
 
 def holds_fed_noise(state) -> bool:

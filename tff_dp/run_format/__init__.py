@@ -34,6 +34,7 @@ SAMPLING_KEY_FILE = 'sampling_key'         # The permutation samplers' key.
 POPULATION_DIGEST_FILE = 'population_digest'   # The sampled population's digest.
 LEDGER_KEY_FILE = 'ledger_key'             # The key of the ledger's chained MACs.
 LEDGER_SEAL_FILE = ledger.SEAL_FILE         # The ledger's count and chain head, under the key.
+NOISE_SNAPSHOTS_FOLDER = 'noise_snapshots'  # A correlated-noise run's buffers, now and then.
 
 
 def secret_path(run_path: str, name: str) -> str:

@@ -26,8 +26,8 @@ class RunFacts:
 
   dp: the run trains with DP (without, nothing is covered: there is no guarantee).
   noise_state_in_checkpoints: checkpoints hold the mechanism's noise state (tree aggregation:
-    seeds and buffered noise; BLT / BandMF: the noise feed's seed and buffers), so a checkpoint
-    and the released models together reveal the clipped sums.
+    seeds and buffered noise; BLT / BandMF: the noise feed's seed, its buffers in snapshots), so
+    a checkpoint and the released models together reveal the clipped sums.
   eval_covered: evaluation data is disjoint from the protected population or declared public.
   seeded: a sampling seed reproduces the samples (config.json records it).
   private_release: the run keeps diagnostics out of metrics.csv, TensorBoard and the console.

@@ -165,7 +165,8 @@ def build_components(config: ExperimentConfig, task, run_dir: run_dir_lib.RunDir
   hooks = _hooks(config.checkpoint_aggregation, evaluator, canaries)
   feed = noise_feed.for_factory(privacy.dp_factory)   # Correlated noise, fed from beside it.
   if feed is not None:
-    hooks.insert(0, noise_feed_hook.NoiseFeedHook(feed))
+    hooks.insert(0, noise_feed_hook.NoiseFeedHook(
+        feed, run_dir.secret_file(run_format.NOISE_SNAPSHOTS_FOLDER), log=log))
   stop.raise_if_received('during start-up')
 
   if resume and privacy.accountant is not None:

@@ -16,11 +16,16 @@ import tensorflow as tf
 from tff_dp.training.run_state import round_hooks
 
 
-def program_state(state, round_num: int, hooks: Sequence[round_hooks.RoundHook]) -> dict:
-  """The structure saved for round `round_num` (and the structure a load is matched to)."""
+def program_state(state, round_num: int, hooks: Sequence[round_hooks.RoundHook], *,
+                  earlier: bool = False) -> dict:
+  """The structure saved for round `round_num` (and the structure a load is matched to;
+  `earlier`: that of the checkpoints an earlier version wrote)."""
+  for hook in hooks:
+    state = hook.checkpoint_state(state)
   saved = collections.OrderedDict(state=state, round_num=np.int64(round_num))
   for hook in hooks:
-    for key, value in hook.checkpoint_entries().items():
+    entries = hook.earlier_checkpoint_entries() if earlier else hook.checkpoint_entries()
+    for key, value in entries.items():
       if key in saved:
         raise ValueError(f'two round hooks checkpoint the entry {key!r}')
       saved[key] = value
@@ -29,8 +34,13 @@ def program_state(state, round_num: int, hooks: Sequence[round_hooks.RoundHook])
 
 def load_latest(run_dir, initial_state, hooks: Sequence[round_hooks.RoundHook]
                 ) -> Optional[dict]:
-  """The latest checkpoint's program state (`program_state`'s keys), or None if none exists."""
-  loaded, _ = run_dir.load_latest_checkpoint(program_state(initial_state, 0, hooks))
+  """The latest checkpoint's program state (`program_state`'s keys), or None if none exists;
+  in the current structure or, failing that, in the earlier one."""
+  try:
+    loaded, _ = run_dir.load_latest_checkpoint(program_state(initial_state, 0, hooks))
+  except (ValueError, TypeError):   # Structures differ: a checkpoint of an earlier version.
+    loaded, _ = run_dir.load_latest_checkpoint(
+        program_state(initial_state, 0, hooks, earlier=True))
   return loaded
 
 

@@ -27,6 +27,8 @@ def restore(run_dir, process, initial_state, hooks: Sequence[round_hooks.RoundHo
   loaded = checkpointing.load_latest(run_dir, initial_state, hooks)
   if loaded is not None:
     state, round_num = loaded['state'], int(loaded['round_num'])
+    for hook in hooks:
+      state = hook.restored_state(state, initial_state)
   for hook in hooks:
     hook.restore(loaded, process, state)
   # Rows of rounds after the checkpoint (or of every round, if none was saved yet) are kept

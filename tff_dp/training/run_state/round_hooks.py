@@ -17,6 +17,12 @@ does nothing, so a hook implements only the points it needs:
                                     `round.row`, replace `round.state` (the next round's start)
   checkpoint_entries()              {key: value} a checkpoint holds for the hook, restored into
                                     `restore`'s `loaded` (the keys of all hooks are distinct)
+  earlier_checkpoint_entries()      the entries of the checkpoints an earlier version wrote,
+                                    which `restore` still takes (default: the current ones)
+  checkpoint_state(state)           the process state as a checkpoint holds it (a hook may
+                                    leave out what it rebuilds, in the same structure)
+  restored_state(state, initial)    the process state a resumed run continues from, given the
+                                    checkpoint's and the process's initial state
   finish(report)                    the final report of a finished run: models to ship,
                                     statement entries, files
 
@@ -96,6 +102,16 @@ class RoundHook:
 
   def checkpoint_entries(self) -> dict[str, Any]:
     return {}
+
+  def earlier_checkpoint_entries(self) -> dict[str, Any]:
+    return self.checkpoint_entries()
+
+  def checkpoint_state(self, state: Any) -> Any:
+    return state
+
+  def restored_state(self, state: Any, initial_state: Any) -> Any:
+    del initial_state
+    return state
 
   def finish(self, report: FinalReport) -> None:
     del report

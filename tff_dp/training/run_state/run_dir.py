@@ -6,7 +6,8 @@ declared in `tff_dp.run_format.release`):
   metrics.csv        one row per round (columns grow as eval/aggregate metrics appear)
   ledger.jsonl       the privacy ledger (tff_dp.ledger)
   checkpoints/       tff.program.FileProgramStateManager program states
-  secret/            (mode 0700) keys, and the checkpoints of correlated-noise mechanisms
+  secret/            (mode 0700) keys, the checkpoints of mechanisms whose noise spans
+                     rounds, correlated noise's snapshots
   tensorboard/       tf.summary scalars (not written with private_release: wall-clock times)
   plots/             PNGs written by the run
   release/           private_release: the publishable set

@@ -1,0 +1,165 @@
+"""Checkpoints of a correlated-noise run without its noise state (issue 53): the checkpoint
+holds the feed's seed and step, the buffers are snapshotted every few rounds, and a resume
+replays the rounds since the newest snapshot. Oracles: the uninterrupted feed (bit for bit)
+and C^-1 applied to the draws of (seed, round), solved densely."""
+
+import os
+
+import numpy as np
+import pytest
+
+from tff_dp import mechanisms
+from tff_dp.aggregators import noise_feed
+from tff_dp.matrix_factorization import streaming
+from tff_dp.matrix_factorization import toeplitz
+from tff_dp.accounting import correlated
+from tff_dp.training.rounds import noise_feed_hook
+from tff_dp.training.run_state import checkpointing
+from tff_dp.training.run_state import round_hooks
+from tff_dp.training.run_state import run_dir
+
+ROUNDS, SHAPES, SEED = 12, [(40,), (3, 5)], 11
+SCHEDULE = dict(rounds=ROUNDS, min_separation=3, max_participations=4)
+
+
+def _factory(kind):
+  own = {'bands': 4} if kind == 'bandmf' else {}
+  return mechanisms.build_aggregator(kind, noise_multiplier=1.0, clients_per_round=1.0,
+                                     clip=1.0, noise_seed=SEED, **own, **SCHEDULE)
+
+
+def _state():
+  """A process state reduced to its `FedNoise` slot (what the feed reads and fills)."""
+  return {'slot': noise_feed.FedNoise(np.float32(1), np.float32(1), np.int64(0), np.int64(0),
+                                      [np.zeros(s, np.float32) for s in SHAPES])}
+
+
+def _round(num):
+  return round_hooks.Round(num=num, is_last=False, is_eval=False, trained_state=None,
+                           state=None, row={}, weights_fn=list)
+
+
+def _run(hook, rounds):
+  """Each round's noise, flat, as the hook feeds it."""
+  noise = []
+  for r in rounds:
+    fed = hook.before_round(r, _state())
+    noise.append(np.concatenate([np.ravel(x) for x in fed['slot'].noise]))
+    hook.after_round(_round(r))
+  return noise
+
+
+@pytest.mark.parametrize('kind', ['blt', 'bandmf'])
+@pytest.mark.parametrize('stop_after', [1, 5, 8, 11])
+def test_a_resume_rebuilds_the_noise_state_bit_for_bit(kind, stop_after, tmp_path):
+  """Stopped after any round (before the first snapshot, just after one, between two), a run
+  resumed from its checkpoint's entries feeds the uninterrupted run's noise exactly."""
+  factory = _factory(kind)
+  whole_hook = noise_feed_hook.NoiseFeedHook(factory.noise_feed(), str(tmp_path / 'whole'))
+  whole_hook.start(None, _state())
+  whole = _run(whole_hook, range(1, ROUNDS + 1))
+
+  folder = str(tmp_path / 'part')
+  hook = noise_feed_hook.NoiseFeedHook(factory.noise_feed(), folder)
+  hook.start(None, _state())
+  first = _run(hook, range(1, stop_after + 1))
+  entries = hook.checkpoint_entries()
+  lines = []
+  resumed = noise_feed_hook.NoiseFeedHook(factory.noise_feed(), folder, log=lines.append)
+  resumed.start(None, _state())
+  resumed.restore(entries, None, _state())
+  rest = _run(resumed, range(stop_after + 1, ROUNDS + 1))
+  for r, (a, b) in enumerate(zip(whole, first + rest), 1):
+    assert np.array_equal(a, b), f'round {r}'
+  every = noise_feed_hook.snapshot_every(factory.stream.num_buffers)
+  snapshot = stop_after // every * every
+  assert lines == [f'noise state: rebuilt after round {stop_after} from '
+                   + (f'the snapshot of round {snapshot}' if snapshot else 'the start')
+                   + f' ({stop_after - snapshot} rounds replayed from the seed)']
+  draws = np.stack([streaming.fresh_draws(SEED, r, whole[0].size) for r in range(1, ROUNDS + 1)])
+  np.testing.assert_allclose(np.stack(whole), np.linalg.solve(
+      toeplitz.materialize(correlated.coefs_of(factory.strategy), ROUNDS), draws),
+      rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('kind', ['blt', 'bandmf'])
+def test_checkpoints_hold_no_buffers_and_the_snapshots_are_few(kind, tmp_path):
+  """The checkpoint's entries are the seed and the step (no leaf per buffer: TFF traces a
+  checkpoint anew at a cost per leaf); the snapshot folder holds the two newest snapshots,
+  owner-only, with the buffers after their rounds."""
+  factory = _factory(kind)
+  folder = str(tmp_path / 'snapshots')
+  hook = noise_feed_hook.NoiseFeedHook(factory.noise_feed(), folder, every=2)
+  hook.start(None, _state())
+  _run(hook, range(1, 8))
+  saved = hook.checkpoint_entries()[noise_feed_hook.KEY]
+  assert factory.stream.num_buffers >= 1
+  assert list(saved) == ['seed', 'step'] and (int(saved['seed']), int(saved['step'])) == (SEED, 7)
+  assert sorted(os.listdir(folder)) == ['round_00000004.npz', 'round_00000006.npz']
+  assert all(os.stat(os.path.join(folder, n)).st_mode & 0o777 == 0o600
+             for n in os.listdir(folder))
+  replay = factory.noise_feed()
+  replay.start(_state())
+  replay.restore(dict(saved, step=np.int64(6)))   # From the start: the oracle of round 6.
+  snapshot = noise_feed_hook.newest_snapshot(folder, SEED, 6)
+  assert snapshot.step == 6
+  for a, b in zip(snapshot.buffers, replay.snapshot().buffers):
+    assert np.array_equal(a, b) and a.size == sum(int(np.prod(s)) for s in SHAPES)
+  assert noise_feed_hook.newest_snapshot(folder, SEED + 1, 7) is None   # Another seed's.
+  assert noise_feed_hook.newest_snapshot(folder, SEED, 3) is None
+
+
+def test_a_checkpoint_with_buffers_still_resumes_without_replay(tmp_path):
+  """A run directory checkpointed before issue 53 holds the buffers and the slot's zeros in
+  every checkpoint: the run directory loads it in that earlier structure, and the resumed feed
+  continues the uninterrupted noise from its buffers, replaying nothing."""
+  factory = _factory('bandmf')
+  feed = factory.noise_feed()
+  old_hook = noise_feed_hook.NoiseFeedHook(feed, str(tmp_path / 'unused'))
+  old_hook.start(None, _state())
+  _run(old_hook, range(1, 4))
+  run = run_dir.RunDirectory(str(tmp_path), 'old', resume=False)
+  run.create(secret_checkpoints=True, tensorboard=False)
+  old_layout = checkpointing.program_state(_state(), 3, [])
+  old_layout[noise_feed_hook.KEY] = feed.state()   # The buffers, as issue 40 saved them.
+  run.save_checkpoint(old_layout, 3)
+  run.close()
+
+  lines = []
+  hook = noise_feed_hook.NoiseFeedHook(factory.noise_feed(), str(tmp_path / 'none'),
+                                       log=lines.append)
+  hook.start(None, _state())
+  reopened = run_dir.RunDirectory(str(tmp_path), 'old', resume=True)
+  reopened.create(secret_checkpoints=True, tensorboard=False)
+  loaded = checkpointing.load_latest(reopened, _state(), [hook])
+  reopened.close()
+  assert int(loaded['round_num']) == 3 and len(loaded[noise_feed_hook.KEY]['buffers']) == 3
+  hook.restore(loaded, None, hook.restored_state(loaded['state'], _state()))
+  assert lines == []   # Nothing replayed.
+  a, b = feed.into(_state(), 4), hook.before_round(4, _state())
+  for x, y in zip(a['slot'].noise, b['slot'].noise):
+    assert np.array_equal(x, y)
+
+
+def test_a_snapshot_after_the_checkpoint_is_refused():
+  factory = _factory('blt')
+  feed = factory.noise_feed()
+  feed.start(_state())
+  later = streaming.StreamState(5, tuple(b for b in feed.snapshot().buffers))
+  with pytest.raises(ValueError, match='snapshot of round 5 cannot rebuild round 3'):
+    feed.restore(dict(feed.state(with_buffers=False), step=np.int64(3)), later)
+
+
+def test_checkpoints_leave_out_the_slots_zeros_and_a_resume_refills_them(tmp_path):
+  """The slot is zeros between rounds: a checkpoint holds empty arrays of its dtypes and ranks
+  in its place (every other leaf as it is), and the resumed state has the zeros back."""
+  hook = noise_feed_hook.NoiseFeedHook(_factory('blt').noise_feed(), str(tmp_path))
+  state = dict(_state(), weights=[np.ones(7, np.float32)])
+  saved = hook.checkpoint_state(state)
+  assert [(x.shape, x.dtype) for x in saved['slot'].noise] == [((0,), np.float32),
+                                                              ((0, 0), np.float32)]
+  assert saved['weights'] is state['weights'] and saved['slot'].stddev == 1
+  back = hook.restored_state(saved, _state())
+  assert [x.shape for x in back['slot'].noise] == SHAPES
+  assert not any(np.any(x) for x in back['slot'].noise)
+  assert back['weights'] is state['weights']
