@@ -122,7 +122,7 @@ class NoiseFeed:
     start = snapshot if snapshot is not None else self._start_of_stream()
     if start.step > step:
       raise ValueError(f'a snapshot of round {start.step} cannot rebuild round {step}')
-    size = start.buffers[0].size if start.buffers else 0
+    size = _buffer_size(start)
     state = start
     for round_num in range(start.step + 1, step + 1):
       _, state = self.stream.advance(state, streaming.fresh_draws(self.seed, round_num, size))
@@ -132,8 +132,12 @@ class NoiseFeed:
   def _start_of_stream(self) -> streaming.StreamState:
     if self._committed is None:
       raise ValueError('size the feed (`start`) before restoring a state saved without buffers')
-    size = self._committed.buffers[0].size if self._committed.buffers else 0
-    return self.stream.start(size)
+    return self.stream.start(_buffer_size(self._committed))
+
+
+def _buffer_size(state: streaming.StreamState) -> int:
+  """The model size a stream state's buffers hold (0 for a stream without buffers)."""
+  return state.buffers[0].size if state.buffers else 0
 
 
 def for_factory(factory) -> Optional[NoiseFeed]:

@@ -91,22 +91,25 @@ def write_snapshot(folder: str, seed: int, state: streaming.StreamState) -> None
   """Writes `state` (the stream of seed `seed` after round `state.step`) durably, owner-only,
   and removes all but the `_KEEP` newest snapshots."""
   os.makedirs(folder, mode=0o700, exist_ok=True)
-  path = os.path.join(folder, f'round_{state.step:08d}.npz')
-  with atomic_write.replacing(path, mode=0o600, binary=True) as f:
+  with atomic_write.replacing(_path(folder, state.step), mode=0o600, binary=True) as f:
     np.savez(f, *state.buffers, seed=np.int64(seed), step=np.int64(state.step))
   for step in sorted(_steps(folder))[:-_KEEP]:
-    os.remove(os.path.join(folder, f'round_{step:08d}.npz'))
+    os.remove(_path(folder, step))
 
 
 def newest_snapshot(folder: str, seed: int, at_most: int) -> Optional[streaming.StreamState]:
   """The newest snapshot in `folder` of seed `seed` after round `at_most` or before (None: no
   such snapshot)."""
   for step in sorted((s for s in _steps(folder) if s <= at_most), reverse=True):
-    with np.load(os.path.join(folder, f'round_{step:08d}.npz')) as saved:
+    with np.load(_path(folder, step)) as saved:
       if int(saved['seed']) == seed and int(saved['step']) == step:
         buffers = [saved[f'arr_{i}'] for i in range(len(saved.files) - 2)]
         return streaming.StreamState(step, tuple(buffers))
   return None
+
+
+def _path(folder: str, step: int) -> str:
+  return os.path.join(folder, f'round_{step:08d}.npz')   # What `_SNAPSHOT` matches.
 
 
 def _steps(folder: str) -> list[int]:
