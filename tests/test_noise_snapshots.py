@@ -4,6 +4,7 @@ replays the rounds since the newest snapshot. Oracles: the uninterrupted feed (b
 and C^-1 applied to the draws of (seed, round), solved densely."""
 
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -163,3 +164,43 @@ def test_checkpoints_leave_out_the_slots_zeros_and_a_resume_refills_them(tmp_pat
   assert [x.shape for x in back['slot'].noise] == SHAPES
   assert not any(np.any(x) for x in back['slot'].noise)
   assert back['weights'] is state['weights']
+
+
+@pytest.mark.parametrize('kind', ['blt', 'bandmf'])
+def test_noise_computed_ahead_is_the_noise_computed_in_turn(kind):
+  """With a round abandoned (fed, not committed, fed again) and a restore from a checkpoint's
+  entries midway, the feed that computes each next round ahead feeds the bits of one that
+  does not."""
+  threads = {False: [], True: []}   # The threads each feed's steps ran in.
+
+  def recording(ahead):
+    stream = _factory(kind).stream
+    advance = stream.advance
+    def recorded(state, z):
+      threads[ahead].append(threading.current_thread().name)
+      return advance(state, z)
+    object.__setattr__(stream, 'advance', recorded)   # A frozen dataclass.
+    return stream
+  feeds = [noise_feed.NoiseFeed(recording(ahead), SEED, compute_ahead=ahead)
+           for ahead in (False, True)]
+  noise = {False: [], True: []}
+  for ahead, feed in zip((False, True), feeds):
+    feed.start(_state())
+    for r in range(1, ROUNDS + 1):
+      if r == 4:
+        feed.into(_state(), r)   # Abandoned: the thread's next round is from a state never
+        saved = feed.state(with_buffers=False)   # committed.
+      if r == 7:
+        feed.restore(saved)   # Back to round 3's state, replayed from the start.
+        for again in range(4, 7):
+          feed.into(_state(), again)
+          feed.commit(again)
+      fed = feed.into(_state(), r)
+      feed.commit(r)
+      noise[ahead].append(np.concatenate([np.ravel(x) for x in fed['slot'].noise]))
+  for r, (a, b) in enumerate(zip(noise[False], noise[True]), 1):
+    assert np.array_equal(a, b), f'round {r}'
+  # The feed that does not compute ahead stepped in this thread; the other fed rounds 2-12
+  # from its own (the abandoned round 4 and the restore's replay aside).
+  assert set(threads[False]) == {threading.current_thread().name}
+  assert sum(name.startswith(noise_feed.THREAD_NAME) for name in threads[True]) >= ROUNDS - 2

@@ -27,6 +27,7 @@ a function of the seed and the round: `feed.state(with_buffers=False)` leaves th
 """
 
 import collections
+import concurrent.futures
 from typing import Optional
 
 import attrs
@@ -41,19 +42,28 @@ FedNoise.__doc__ = """The query state of a fed correlated-noise sum: the round's
 stddev of its fresh draws, the rounds completed (`step`), the round the slot was filled for
 (`fed_round`) and the noise w_t (the model's structure; zeros between rounds)."""
 
+THREAD_NAME = 'tff_dp-noise-feed'   # A feed's thread that computes next rounds ahead.
+
 
 class NoiseFeed:
   """Fills the `FedNoise` slot of a process state with each round's noise (module docstring).
 
   The feed holds the stream's state after the last committed round; `into` computes the next
   round's noise from it (a round abandoned before `commit` is fed again the same noise).
+
+  `compute_ahead`: while a round runs (the coordinator waits on its worker), a thread computes
+  the next round's noise from the round's pending state; `into` takes it only if that state
+  was committed, so the noise is the same bits either way, a round earlier.
   """
 
-  def __init__(self, stream: streaming.Stream, seed: int):
+  def __init__(self, stream: streaming.Stream, seed: int, *, compute_ahead: bool = True):
     self.stream = stream
     self.seed = int(seed)
     self._committed: Optional[streaming.StreamState] = None
     self._pending: Optional[streaming.StreamState] = None
+    self._compute_ahead = compute_ahead
+    self._ahead = None   # (seed, the state it advances, the future of its advance).
+    self._thread: Optional[concurrent.futures.ThreadPoolExecutor] = None
 
   def start(self, state) -> None:
     """Sizes the feed to the model of `state` (before its first round, or a `restore`)."""
@@ -72,13 +82,31 @@ class NoiseFeed:
     if round_num != done + 1:
       raise ValueError(f'the noise feed is after round {done}: it cannot feed round {round_num}')
     template = tf.nest.flatten(slot.noise)
-    z = streaming.fresh_draws(self.seed, round_num, _size(slot.noise))
-    w, self._pending = self.stream.advance(self._committed, z)
+    w, self._pending = self._next_round(_size(slot.noise))
+    if self._compute_ahead:
+      self._start_ahead(self._pending, _size(slot.noise))
     parts = np.split(w, np.cumsum([np.size(t) for t in template])[:-1])
     noise = tf.nest.pack_sequence_as(slot.noise, [
         p.reshape(np.shape(t)).astype(np.asarray(t).dtype, copy=False)
         for p, t in zip(parts, template)])
     return _replace_at(state, path, slot._replace(fed_round=np.int64(round_num), noise=noise))
+
+  def _next_round(self, size: int) -> tuple[np.ndarray, streaming.StreamState]:
+    """(w, the state after it) of the round after the last commit: computed ahead, if it was
+    from that state and seed, else now."""
+    ahead, self._ahead = self._ahead, None
+    if ahead is not None and ahead[0] == self.seed and ahead[1] is self._committed:
+      return ahead[2].result()
+    return self._advance(self.seed, self._committed, size)
+
+  def _start_ahead(self, base: streaming.StreamState, size: int) -> None:
+    if self._thread is None:   # Its thread ends when the feed is dropped (the pool's weakref).
+      self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=THREAD_NAME)
+    self._ahead = (self.seed, base,
+                   self._thread.submit(self._advance, self.seed, base, size))
+
+  def _advance(self, seed: int, base: streaming.StreamState, size: int):
+    return self.stream.advance(base, streaming.fresh_draws(seed, base.step + 1, size))
 
   def commit(self, round_num: int) -> None:
     """Round `round_num`, fed by the last `into`, completed."""
@@ -114,7 +142,7 @@ class NoiseFeed:
     """
     self.seed = int(saved['seed'])
     step = int(saved['step'])
-    self._pending = None
+    self._pending = self._ahead = None
     if 'buffers' in saved:
       self._committed = streaming.StreamState(
           step, tuple(np.asarray(b) for b in saved['buffers']))
