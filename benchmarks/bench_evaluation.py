@@ -1,7 +1,8 @@
 """Central evaluation: seconds per evaluation of the demo's model (EMNIST CNN, `--max_eval_examples`
 test examples of held-out clients), eager against compiled (the evaluator's `tf.function`
 step), the two arms interleaved in one process; the compiled arm's first call (its trace) is
-reported apart.
+reported apart. Last, the floor: the forward pass's multiply-adds over this machine's float32
+matmul rate, which no evaluator of this model and data can go under here.
 
 Usage: python benchmarks/bench_evaluation.py [--examples 2000] [--repetitions 10]
 """
@@ -65,6 +66,40 @@ def main() -> None:
     print(f'{name:9s} {median[name]:.3f} s  (min {min(seconds[name]):.3f}, '
           f'max {max(seconds[name]):.3f})')
   print(f'compiled / eager: {median["compiled"] / median["eager"]:.2f}')
+  # The floor no evaluator can go under on this machine: the forward pass's arithmetic at the
+  # float32 rate TensorFlow reaches here on a large matmul.
+  gflop = 2 * forward_macs(model) * args.examples / 1e9
+  rate = matmul_gflops()
+  print(f'forward pass {gflop:.1f} GFLOP; float32 matmul {rate:.0f} GFLOP/s on this machine: '
+        f'at least {gflop / rate:.3f} s per evaluation (compiled at {gflop / median["compiled"]:.0f} '
+        f'GFLOP/s)')
+
+
+def forward_macs(model) -> int:
+  """Multiply-adds of one example's forward pass through the model's Conv2D and Dense layers
+  (the rest, pooling and activations, is a few percent of a CNN's)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  macs = 0
+  for layer in model.layers:
+    if isinstance(layer, (tf.keras.layers.Conv2D, tf.keras.layers.Dense)):
+      per_output = int(np.prod(layer.kernel.shape[:-1]))
+      macs += per_output * int(np.prod(layer.output_shape[1:]))
+  return macs
+
+
+def matmul_gflops(n: int = 2048, repetitions: int = 7) -> float:
+  """The best float32 rate of an n x n matmul (a traced step, best of `repetitions`)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  a, b = tf.random.normal([n, n]), tf.random.normal([n, n])
+  step = tf.function(lambda: tf.reduce_sum(tf.matmul(a, b)))
+  step()
+  seconds = []
+  for _ in range(repetitions):
+    start = time.perf_counter()
+    step()
+    seconds.append(time.perf_counter() - start)
+  return 2 * n**3 / min(seconds) / 1e9
 
 
 if __name__ == '__main__':

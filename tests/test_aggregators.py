@@ -84,6 +84,7 @@ def test_flat_adaptive_clip_trajectory_equals_tff_and_tfp():
   assert len(set(np.round(ours_clips, 5))) > 5  # The clip actually moved.
 
 
+@pytest.mark.slow   # An 80-round process: not in `make test-fast`.
 def test_flat_factory_converges_to_median_from_100x_too_small():
   """The real factory: clip goes from 100x below the median of client norms to within 10%."""
   m = 50

@@ -388,6 +388,7 @@ def _flat_weights(process, state):
   return [np.asarray(w) for w in list(mw.trainable) + list(mw.non_trainable)]
 
 
+@pytest.mark.slow   # A 60-round training run: not in `make test-fast`.
 def test_dp_averaged_checkpoints_beat_last_iterate(dp_task):
   """DP-FedAvg with noise std z*C/m = 0.2 per coordinate: the last iterate keeps jittering
   around the optimum, averaging checkpoints cancels much of the noise. Over the last 30 of 60

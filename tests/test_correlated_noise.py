@@ -224,54 +224,33 @@ def test_what_the_accounting_cannot_analyse_is_refused_before_anything_is_writte
   assert not os.path.exists(tmp_path / 'runs')
 
 
-@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
-def test_a_resumed_bandmf_run_continues_its_noise_and_epsilon_curve(tag_data_dir, tmp_path):
-  root = tmp_path / 'runs'
-  args = BASE + ['--dp=bandmf', f'--data_dir={tag_data_dir}', f'--root_output_dir={root}',
-                 '--experiment_name=m1', '--accounting=rdp', '--sampling_seed=2']
-  code, _, err = main_in_process('run_experiment.py', args)
-  assert code == 0, err[-2000:]
-  whole = ledger_lib.read_ledger(str(root / 'm1' / 'ledger.jsonl'))
-  whole_eps = _epsilons(root / 'm1')
-  # The same run stopped by max_epsilon after round 3, then resumed.
-  stop_at = correlated.epsilon_curve(correlated.coefs_of(whole[0].correlated), 7, 5, 2, 1.0,
-                                     1e-3)[2]
-  code, out, err = main_in_process('run_experiment.py', [
-      a.replace('m1', 'm2') for a in args] + [f'--max_epsilon={stop_at * 1.0001}'])
-  assert code == 0 and 'stopping before round 4' in out, err[-2000:]
-  code, out, err = main_in_process('run_experiment.py', [
-      f'--root_output_dir={root}', '--experiment_name=m2', '--resume', '--max_epsilon=100'])
-  assert code == 0, err[-2000:]
-  resumed = ledger_lib.read_ledger(str(root / 'm2' / 'ledger.jsonl'))
-  assert [r.round_num for r in resumed] == list(range(1, 8))
-  assert [r.correlated for r in resumed] == [r.correlated for r in whole]
-  assert _epsilons(root / 'm2') == pytest.approx(whole_eps, rel=1e-9)
-  assert len(whole_eps) == 7
-  # The strategy is planned for total_rounds: it cannot change on resume.
-  code, _, err = main_in_process('run_experiment.py', [
-      f'--root_output_dir={root}', '--experiment_name=m2', '--resume', '--total_rounds=9'])
-  assert code == 2 and 'total_rounds' in err, err[-2000:]
-
-
 @pytest.mark.parametrize('kind', ['blt', 'bandmf'])
 @pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
 def test_a_resumed_run_feeds_the_uninterrupted_noise_and_gives_its_model(kind, tag_task,
                                                                         tmp_path, monkeypatch):
-  """Stopped after round 5 (a stop signal between rounds) and resumed to round 7, with noise
-  on and both runs given one noise seed: the noise state (rebuilt from the checkpoint's seed
-  and the newest snapshot, noise_feed_hook), the seeded samples and the server optimizer
-  continue, so the final model is the uninterrupted run's."""
+  """Stopped after round 5 and resumed to round 7, with noise on and both runs given one noise
+  seed: the noise state (rebuilt from the checkpoint's seed and the newest snapshot,
+  noise_feed_hook), the seeded samples and the server optimizer continue, so the final model,
+  the ledger and the epsilon curve are the uninterrupted run's. The BLT run is stopped by a
+  signal between rounds; the BandMF run by `max_epsilon`, whose curve grows every round, and it
+  resumes under a raised cap."""
   monkeypatch.setattr(tree_aggregation, 'noise_seed', lambda seed: 77)
   settings = dict(root_output_dir=str(tmp_path), task='stackoverflow_tag', total_rounds=7,
                   clients_per_round=4, dp=kind, clip=0.5, noise_multiplier=1.0,
                   client_sampling='min_separation', server_momentum=0.9, seed=3,
-                  sampling_seed=5, max_eval_examples=20, delta=1e-3)
+                  sampling_seed=5, max_eval_examples=20, delta=1e-3, accounting=('rdp',))
   run = functools.partial(run_stopped_after, settings, tag_task)
 
   whole = run('whole')
-  stopped = run('part', stop_after=5)
+  whole_eps = _epsilons(tmp_path / 'whole')
+  if kind == 'blt':
+    stopped = run('part', stop_after=5)
+  else:
+    assert whole_eps[4] < whole_eps[5]
+    stopped = run_stopped_after(dict(settings, max_epsilon=whole_eps[4] * 1.0001), tag_task,
+                                'part')
   assert stopped.rounds_completed == 5
-  resumed = run('part', resume=True)
+  resumed = run_stopped_after(dict(settings, max_epsilon=100.0), tag_task, 'part', resume=True)
   assert resumed.rounds_completed == 7
   for a, b in zip(whole.final_state.global_model_weights.trainable,
                   resumed.final_state.global_model_weights.trainable):
@@ -284,3 +263,10 @@ def test_a_resumed_run_feeds_the_uninterrupted_noise_and_gives_its_model(kind, t
       ['round_00000004.npz', 'round_00000006.npz'] if kind == 'blt' else [])
   records = ledger_lib.read_ledger(str(tmp_path / 'part' / 'ledger.jsonl'))
   assert [r.round_num for r in records] == list(range(1, 8))
+  whole_records = ledger_lib.read_ledger(str(tmp_path / 'whole' / 'ledger.jsonl'))
+  assert [r.correlated for r in records] == [r.correlated for r in whole_records]
+  assert _epsilons(tmp_path / 'part') == pytest.approx(whole_eps, rel=1e-9)
+  # The strategy is planned for total_rounds: it cannot change on resume.
+  code, _, err = main_in_process('run_experiment.py', [
+      f'--root_output_dir={tmp_path}', '--experiment_name=part', '--resume', '--total_rounds=9'])
+  assert code == 2 and 'total_rounds' in err, err[-2000:]

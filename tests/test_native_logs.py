@@ -123,6 +123,7 @@ def test_a_run_through_the_api_prints_only_its_own_lines_unless_asked():
   assert any(' tensorflow/' in line and '] ' in line for line in loud.splitlines()), loud[:2000]
 
 
+@pytest.mark.slow   # Two command lines: not in `make test-fast`.
 def test_the_documented_line_silences_tensorflows_own_lines_for_a_pipeline():
   """README and docs/PYTHON_API.md tell a pipeline user to start Python with
   TF_CPP_MIN_LOG_LEVEL=2 (issue 51, item 6): with it, importing TensorFlow and running an op

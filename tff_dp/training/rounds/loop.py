@@ -15,6 +15,7 @@ import numpy as np
 
 from tff_dp import checkpoint_aggregation as ca
 from tff_dp import errors
+from tff_dp.execution import heap
 from tff_dp.execution import runtime
 from tff_dp.run_format import release
 from tff_dp.training.builders import client_data as client_data_lib
@@ -128,6 +129,7 @@ class _Rounds:
     abandoned it (the next check checkpoints and stops)."""
     c, config = self.c, self.config
     round_start = time.perf_counter()
+    heap.release_free_memory()   # The last round's transient memory (counted in this round).
     row: dict[str, Any] = {'round': round_num}
     output = self._train(round_num, row)
     if output is None:
