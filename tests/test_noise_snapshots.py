@@ -110,6 +110,29 @@ def test_checkpoints_hold_no_buffers_and_the_snapshots_are_few(kind, tmp_path):
   assert noise_feed_hook.newest_snapshot(folder, SEED, 3) is None
 
 
+def test_a_checkpoint_in_neither_structure_reports_the_mismatch_with_todays(tmp_path):
+  """A checkpoint that loads neither in today's structure nor in the earlier one is refused
+  with today's mismatch (the earlier structure's would send a user after an old version)."""
+  hook = noise_feed_hook.NoiseFeedHook(_factory('bandmf').noise_feed(), str(tmp_path / 'n'))
+  hook.start(None, _state())
+  run = run_dir.RunDirectory(str(tmp_path), 'other', resume=False)
+  run.create(secret_checkpoints=True, tensorboard=False)
+  other = checkpointing.program_state(_state(), 3, [])
+  other['unknown'] = np.zeros(2, np.float32)   # Written by neither version.
+  run.save_checkpoint(other, 3)
+  run.close()
+  reopened = run_dir.RunDirectory(str(tmp_path), 'other', resume=True)
+  reopened.create(secret_checkpoints=True, tensorboard=False)
+  try:
+    with pytest.raises((ValueError, TypeError)) as today:
+      reopened.load_latest_checkpoint(checkpointing.program_state(_state(), 0, [hook]))
+    with pytest.raises((ValueError, TypeError)) as caught:
+      checkpointing.load_latest(reopened, _state(), [hook])
+  finally:
+    reopened.close()
+  assert type(caught.value) is type(today.value) and str(caught.value) == str(today.value)
+
+
 def test_a_checkpoint_with_buffers_still_resumes_without_replay(tmp_path):
   """A run directory checkpointed before issue 53 holds the buffers and the slot's zeros in
   every checkpoint: the run directory loads it in that earlier structure, and the resumed feed

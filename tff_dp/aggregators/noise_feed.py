@@ -106,6 +106,7 @@ class NoiseFeed:
                    self._thread.submit(self._advance, self.seed, base, size))
 
   def _advance(self, seed: int, base: streaming.StreamState, size: int):
+    """(w, the state after it) of the round after `base`: its draws are (seed, round)'s."""
     return self.stream.advance(base, streaming.fresh_draws(seed, base.step + 1, size))
 
   def commit(self, round_num: int) -> None:
@@ -152,8 +153,8 @@ class NoiseFeed:
       raise ValueError(f'a snapshot of round {start.step} cannot rebuild round {step}')
     size = _buffer_size(start)
     state = start
-    for round_num in range(start.step + 1, step + 1):
-      _, state = self.stream.advance(state, streaming.fresh_draws(self.seed, round_num, size))
+    while state.step < step:
+      _, state = self._advance(self.seed, state, size)
     self._committed = state
     return step - start.step
 

@@ -38,9 +38,12 @@ def load_latest(run_dir, initial_state, hooks: Sequence[round_hooks.RoundHook]
   in the current structure or, failing that, in the earlier one."""
   try:
     loaded, _ = run_dir.load_latest_checkpoint(program_state(initial_state, 0, hooks))
-  except (ValueError, TypeError):   # Structures differ: a checkpoint of an earlier version.
-    loaded, _ = run_dir.load_latest_checkpoint(
-        program_state(initial_state, 0, hooks, earlier=True))
+  except (ValueError, TypeError) as in_current:   # Perhaps a checkpoint of an earlier version.
+    try:
+      loaded, _ = run_dir.load_latest_checkpoint(
+          program_state(initial_state, 0, hooks, earlier=True))
+    except (ValueError, TypeError):
+      raise in_current   # In neither: the mismatch with today's structure is the one to read.
   return loaded
 
 
