@@ -5,7 +5,14 @@ Arms, all in `tff.learning.algorithms.build_unweighted_fed_avg` with the same cl
   tff_fixed        TFF's built-in DifferentiallyPrivateFactory.gaussian_fixed
   tff_adaptive     TFF's built-in DifferentiallyPrivateFactory.gaussian_adaptive
   fixed, adaptive, per_layer   our factories (tff_dp.mechanisms.build_aggregator)
-  ftrl, ftrl_adaptive   DP-FTRL: our wrappers of TFF's tree_aggregation / tree_adaptive
+  ftrl             DP-FTRL, TFF's tree_aggregation mechanism with the tree fed from beside the
+                   process (`aggregators.noise_feed`), as runs use it
+  ftrl_in_state    the same with the tree in the process state (TFF's own factory:
+                   `FtrlFactory(feed_noise=False)`)
+  ftrl_adaptive    DP-FTRL with adaptive clipping (TFF's tree_adaptive), its update tree fed
+                   from beside the process
+  ftrl_adaptive_in_state   the same with the update tree in the process state (TFF's own query:
+                   `FtrlAdaptiveFactory(feed_noise=False)`)
   blt, bandmf      correlated-noise DP-FTRL (ours), planned for `--plan_rounds` rounds with a
                    client every `--min_separation` (BLT's few buffers; BandMF's bands - 1: 19)
   bandmf_64        BandMF with 64 bands (63 model-sized buffers), as the Recycling Scraps
@@ -84,7 +91,13 @@ def _arms(task, clients, *, plan_rounds, min_separation, only=None):
                          adaptive=aggregators.AdaptiveClipping(clipped_count_stddev=4.0)),
                     sgd(0.1)),
       'ftrl': (ours('ftrl'), sgd(0.1)),
+      'ftrl_in_state': (aggregators.FtrlFactory(clip=_CLIP, noise_multiplier=_Z,
+                                                clients_per_round=m, feed_noise=False),
+                        sgd(0.1)),
       'ftrl_adaptive': (ours('ftrl_adaptive'), sgd(0.1)),
+      'ftrl_adaptive_in_state': (aggregators.FtrlAdaptiveFactory(
+          noise_multiplier=_Z, clients_per_round=m, initial_clip=_CLIP, feed_noise=False),
+                                 sgd(0.1)),
       'blt': (ours('blt', **plan), sgd(0.1)),
       'bandmf': (ours('bandmf', **plan), sgd(0.1)),
       'bandmf_64': (ours('bandmf', **plan, bands=min(64, plan_rounds)), sgd(0.1)),

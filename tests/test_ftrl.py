@@ -17,6 +17,7 @@ from tff_dp import noise_budget
 from tff_dp import sampling
 from tff_dp.accounting import accountant as accountant_lib
 from tff_dp.accounting import calibration
+from tff_dp.aggregators import noise_feed
 from tff_dp.aggregators import privacy_queries
 from tff_dp.aggregators import tree_aggregation
 from tff_dp.errors import UserInputError
@@ -28,15 +29,21 @@ REPLACE_SPECIAL = dp_accounting.NeighboringRelation.REPLACE_SPECIAL
 
 
 def _process(factory, shapes):
-  return factory.create(tff.to_type([(np.float32, list(s)) for s in shapes]))
+  """(the aggregation process of `factory` over `shapes`, its noise feed or None)."""
+  process = factory.create(tff.to_type([(np.float32, list(s)) for s in shapes]))
+  return process, noise_feed.for_factory(factory)
 
 
-def _run(process, rounds_values):
-  """Runs `process` over rounds; returns (results, measurements) per round."""
+def _run(process_and_feed, rounds_values):
+  """Runs the process over rounds, its noise fed if it has a feed; returns (results,
+  measurements) per round."""
+  process, feed = process_and_feed
   state = process.initialize()
   results, measurements = [], []
-  for values in rounds_values:
-    out = process.next(state, values)
+  for round_num, values in enumerate(rounds_values, start=1):
+    out = process.next(feed.into(state, round_num) if feed else state, values)
+    if feed:
+      feed.commit(round_num)
     state = out.state
     results.append([np.asarray(t) for t in out.result])
     measurements.append(out.measurements)
@@ -70,8 +77,9 @@ def test_noise_zero_ftrl_is_fed_avg_with_the_same_clip_round_by_round():
   """DP-FTRLM with z = 0 is FedAvg (server momentum) over clipped updates: TFF's fixed-clip
   factory with z = 0 is the oracle, compared after every round (the clip binds)."""
   clip, m = 0.05, 3
-  ours = _fed_avg(aggregators.FtrlFactory(clip=clip, noise_multiplier=0.0,
-                                          clients_per_round=m, rounds_per_epoch=2))
+  factory = aggregators.FtrlFactory(clip=clip, noise_multiplier=0.0, clients_per_round=m,
+                                    rounds_per_epoch=2)
+  ours, feed = _fed_avg(factory), noise_feed.for_factory(factory)
   oracle = _fed_avg(tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
       noise_multiplier=0.0, clients_per_round=m, clip=clip))
   s_ours = ours.initialize()
@@ -79,7 +87,8 @@ def test_noise_zero_ftrl_is_fed_avg_with_the_same_clip_round_by_round():
   leaves = []
   for r in range(5):
     data = [_dataset(10 * r + c) for c in range(m)]
-    out, out_oracle = ours.next(s_ours, data), oracle.next(s_oracle, data)
+    out, out_oracle = ours.next(feed.into(s_ours, r + 1), data), oracle.next(s_oracle, data)
+    feed.commit(r + 1)
     s_ours, s_oracle = out.state, out_oracle.state
     leaves.append(_leaf(out.metrics['aggregator']))
     for a, b in zip(ours.get_model_weights(s_ours).trainable,
@@ -90,23 +99,61 @@ def test_noise_zero_ftrl_is_fed_avg_with_the_same_clip_round_by_round():
   unclipped = _fed_avg(tff.aggregators.UnweightedMeanFactory())
   s0 = ours.initialize()
   start = unclipped.set_model_weights(unclipped.initialize(), ours.get_model_weights(s0))
-  first_ours = ours.next(s0, [_dataset(c) for c in range(m)]).state
+  first_ours = ours.next(noise_feed.with_zero_noise(s0), [_dataset(c) for c in range(m)]).state
   first_unclipped = unclipped.next(start, [_dataset(c) for c in range(m)]).state
   assert not np.allclose(ours.get_model_weights(first_ours).trainable[0],
                          unclipped.get_model_weights(first_unclipped).trainable[0])
 
 
-def test_ftrl_is_tff_tree_aggregation_until_its_epoch_restart():
-  """Same seed: bit-equal to TFF's `tree_aggregation` in epoch 1; a new tree from round 4."""
+def test_ftrl_is_tff_tree_aggregation_with_its_noise_fed_from_beside_it():
+  """The clipped mean is TFF's `tree_aggregation`'s bit for bit (noise off; the clip binds);
+  with noise on, the output less that mean is the per-node stddev / m times the feed's tree
+  residual (whose law is tfp's tree's: tests/test_tree_noise.py), restarted after every epoch
+  of 3 rounds; the recorded tuple and leaves are the tree's."""
+  shape, m, clip, z = (50,), 4, 0.7, 1.3
+  rng = np.random.default_rng(3)
+  data = [_clients(rng, shape, m) for _ in range(5)]
+  quiet = _process(aggregators.FtrlFactory(clip=clip, noise_multiplier=0.0, rounds_per_epoch=3,
+                                           clients_per_round=float(m)), [shape])
+  theirs = _process(tff.aggregators.DifferentiallyPrivateFactory.tree_aggregation(
+      noise_multiplier=0.0, clients_per_round=float(m), l2_norm_clip=clip,
+      record_specs=[tf.TensorSpec(shape, tf.float32)], noise_seed=11), [shape])
+  r_quiet, _ = _run(quiet, data)
+  r_theirs, _ = _run(theirs, data)
+  for a, b in zip(r_quiet, r_theirs):
+    np.testing.assert_array_equal(a[0], b[0])
+  assert not np.allclose(r_quiet[0][0], np.mean([c[0] for c in data[0]], axis=0))
+  noisy = aggregators.FtrlFactory(clip=clip, noise_multiplier=z, rounds_per_epoch=3,
+                                  noise_seed=11, clients_per_round=float(m))
+  r_noisy, m_noisy = _run(_process(noisy, [shape]), data)
+  def draw(round_num, *node):   # The feed's draws: numpy's generator keyed by the round.
+    return np.random.default_rng([11, round_num, *node]).standard_normal(shape, np.float32)
+  leaf1 = draw(1)
+  # Honaker's leaf-2 node (tfp's EfficientTreeAggregator): (left + right) / 2 + fresh, read
+  # with weight 1 / (2 - 2^-1); the residual subtracts round 1's prefix noise.
+  expected = {1: leaf1, 2: (0.5 * (leaf1 + draw(2)) + draw(2, 1)) / 1.5 - leaf1,
+              4: draw(4)}   # Round 4 starts the second tree.
+  for t, w in expected.items():
+    np.testing.assert_allclose(r_noisy[t - 1][0] - r_quiet[t - 1][0], z * clip / m * w,
+                               rtol=1e-4, atol=1e-6)
+  assert [_leaf(x) for x in m_noisy] == [1, 2, 3, 1, 2]
+  for x in m_noisy:
+    assert _queries(x) == {'update': (pytest.approx(clip), pytest.approx(z * clip))}
+
+
+def test_ftrl_without_its_feed_is_tff_tree_aggregation_until_its_epoch_restart():
+  """`feed_noise=False`, same seed: bit-equal to TFF's `tree_aggregation` in epoch 1; a new
+  tree from round 4."""
   shape, m = (50,), 4
   rng = np.random.default_rng(3)
   data = [_clients(rng, shape, m) for _ in range(5)]
   kw = dict(noise_multiplier=1.3, clients_per_round=float(m))
-  ours = _process(aggregators.FtrlFactory(clip=0.7, rounds_per_epoch=3, noise_seed=11, **kw),
-                  [shape])
+  ours = _process(aggregators.FtrlFactory(clip=0.7, rounds_per_epoch=3, noise_seed=11,
+                                          feed_noise=False, **kw), [shape])
   theirs = _process(tff.aggregators.DifferentiallyPrivateFactory.tree_aggregation(
       l2_norm_clip=0.7, record_specs=[tf.TensorSpec(shape, tf.float32)], noise_seed=11, **kw),
       [shape])
+  assert ours[1] is None
   r_ours, m_ours = _run(ours, data)
   r_theirs, _ = _run(theirs, data)
   for t in range(3):
@@ -161,9 +208,8 @@ def test_each_client_contribution_is_bounded_by_the_clip():
       (aggregators.FtrlAdaptiveFactory(noise_multiplier=0.0, clients_per_round=1.0,
                                        initial_clip=0.8, restart_warmup=1,
                                        restart_frequency=2), 0.8)):
-    process = _process(factory, [shape])
-    out = process.next(process.initialize(), huge)
-    assert np.linalg.norm(out.result[0]) == pytest.approx(clip, rel=1e-5)
+    (result,), _ = _run(_process(factory, [shape]), [huge])
+    assert np.linalg.norm(result[0]) == pytest.approx(clip, rel=1e-5)
 
 
 def _adaptive_reference(norms, initial_clip, gamma, eta, restart_after):
@@ -230,19 +276,47 @@ def test_adaptive_clip_follows_quantile_and_is_adopted_at_restarts(rounds_per_ep
       np.testing.assert_array_equal(a[0], b[0])
 
 
+def test_adaptive_update_tree_is_fed_at_the_stddev_of_the_clip_in_use():
+  """Noise on, zero updates (the estimate falls every round): each round's output is the fed
+  tree residual times z_v x the clip used / m. The first round of each tree (rounds 1, 3, 6:
+  restarts after warm-up 2, then every 3) is one fresh draw, round 2 Honaker's leaf-2
+  residual; the clip adopted at each restart scales the new tree's noise."""
+  z, m, dim, seed = 0.8, 4, 20, 5
+  factory = aggregators.FtrlAdaptiveFactory(
+      noise_multiplier=z, clients_per_round=float(m), initial_clip=1.0, restart_warmup=2,
+      restart_frequency=3, noise_seed=seed,
+      adaptive=aggregators.AdaptiveClipping(clipped_count_stddev=0.5))
+  results, measurements = _run(_process(factory, [(dim,)]),
+                               [[[np.zeros(dim, np.float32)]] * m] * 6)
+  clips = [float(x['clip']) for x in measurements]
+  assert clips[0] == clips[1] == 1.0 and clips[1] > clips[2] == clips[4] > clips[5]
+
+  def draw(round_num, *node):
+    return np.random.default_rng([seed, round_num, *node]).standard_normal(dim, np.float32)
+  expected = {1: draw(1), 2: (0.5 * (draw(1) + draw(2)) + draw(2, 1)) / 1.5 - draw(1),
+              3: draw(3), 6: draw(6)}
+  z_v = factory.update_noise_multiplier
+  for t, w in expected.items():
+    np.testing.assert_allclose(results[t - 1][0] * m, z_v * clips[t - 1] * w, rtol=1e-4,
+                               atol=1e-6)
+    assert _queries(measurements[t - 1])['update'] == (
+        pytest.approx(clips[t - 1]), pytest.approx(z_v * clips[t - 1], rel=1e-6))
+  assert [_leaf(x) for x in measurements] == [1, 2, 1, 2, 3, 1]
+
+
 def test_adaptive_noise_split_and_per_node_std():
   """z splits as TFF's: update tree z_v * clip, count tree sigma_b per node; Eq. (1) gives z."""
   z, m, sigma_b, clip, dim = 0.8, 10.0, 2.0, 0.5, 20000
   factory = mechanisms.build_aggregator(
       'ftrl_adaptive', noise_multiplier=z, clients_per_round=m, clip=clip,
       adaptive=aggregators.AdaptiveClipping(clipped_count_stddev=sigma_b))
-  process = _process(factory, [(dim,)])
-  out = process.next(process.initialize(), [[np.zeros(dim, np.float32)]] * 2)
-  q = _queries(out.measurements)
+  (result,), (measured,) = _run(_process(factory, [(dim,)]),
+                                [[[np.zeros(dim, np.float32)]] * 2])
+  q = _queries(measured)
   z_v = noise_budget.update_noise_multiplier(z, sigma_b)
   assert q['update'] == (pytest.approx(clip), pytest.approx(z_v * clip, rel=1e-6))
   assert q['clipped_count'] == (pytest.approx(0.5), pytest.approx(sigma_b))
-  assert np.std(out.result[0]) * m == pytest.approx(z_v * clip, rel=0.03)
+  assert np.std(result[0]) * m == pytest.approx(z_v * clip, rel=0.03)
   assert noise_budget.effective_noise_multiplier(
       [s / c for c, s in q.values()]) == pytest.approx(z, rel=1e-5)
 
@@ -251,9 +325,9 @@ def test_adaptive_noise_split_and_per_node_std():
 def test_drop_in_build_unweighted_fed_avg(kind):
   aggregator = mechanisms.build_aggregator(
       kind, noise_multiplier=0.5, clients_per_round=20.0, clip=0.1)
-  process = _fed_avg(aggregator)
+  process, feed = _fed_avg(aggregator), noise_feed.for_factory(aggregator)
   state = process.initialize()
-  out = process.next(state, [_dataset(1), _dataset(2)])
+  out = process.next(feed.into(state, 1) if feed else state, [_dataset(1), _dataset(2)])
   queries = privacy_queries.find_privacy_queries(out.metrics['aggregator'])
   assert noise_budget.effective_noise_multiplier(
       [q.noise_stddev / q.l2_norm_clip for q in queries]) == pytest.approx(0.5, rel=1e-5)

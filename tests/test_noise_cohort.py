@@ -13,6 +13,7 @@ import tensorflow_federated as tff
 from tff_dp import accounting
 from tff_dp import ledger as ledger_lib
 from tff_dp.accounting import noise_cohort
+from tff_dp.aggregators import noise_feed
 from tff_dp.training import config as config_lib
 from tff_dp.training.builders import build_privacy
 from tff_dp.training.run_state import privacy_recorder
@@ -34,8 +35,9 @@ def test_the_noise_added_is_z_clip_m_over_big_m_on_the_sum(kind, extra):
   process = factory.create(tff.to_type((np.float32, [DIM])))
   # Clients that send zero updates: the mean is the noise alone, sum noise / m.
   state = process.initialize()
-  if kind == 'blt':   # Its noise is fed from beside the process (aggregators.noise_feed).
-    state = factory.noise_feed().into(state, 1)
+  feed = noise_feed.for_factory(factory)   # ftrl, blt: fed from beside the process.
+  if feed is not None:
+    state = feed.into(state, 1)
   out = process.next(state, [np.zeros(DIM, np.float32)] * M_TRAINED)
   mean_noise = np.asarray(out.result)
   # The round's first noise is a fresh draw (tree leaf 1; BLT: C^-1's first coefficient is 1),

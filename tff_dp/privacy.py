@@ -18,10 +18,10 @@ DP-FedAvg kinds, shuffled epochs for tree DP-FTRL, min separation for BLT / Band
 Poisson for amplified BandMF); another is refused unless the claim table has a proof for it.
 Each round is recorded from what the aggregator itself reported (`privacy_queries`), appended
 to a ledger when `ledger_path` is given, and accounted; the statement names the relation and
-its theorem. `state_for` gives the state a round starts from: for BLT / BandMF, with the
-round's noise written into it (their noise state stays here, `aggregators.noise_feed`). The
-samples are secret (OS randomness) unless `sampling_seed` is given, and then
-the statement's headline is the epsilon against the seed holder.
+its theorem. `state_for` gives the state a round starts from: for BLT, BandMF and `ftrl`, with
+the round's noise written into it (their noise state stays here, `aggregators.noise_feed`).
+The samples are secret (OS randomness) unless `sampling_seed` is given, and then the
+statement's headline is the epsilon against the seed holder.
 """
 
 import dataclasses

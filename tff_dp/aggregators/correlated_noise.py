@@ -133,11 +133,13 @@ class CorrelatedNoiseFactory(tff.aggregators.UnweightedAggregationFactory):
       return collections.OrderedDict(
           update=privacy_queries.query_tuple(state.l2_norm_clip, state.stddev))
 
-    return _refusing_unfed_rounds(ReportingDPFactory(query, tuples).create(value_type))
+    return refusing_unfed_rounds(ReportingDPFactory(query, tuples).create(value_type))
 
 
-def _refusing_unfed_rounds(process: tff.templates.AggregationProcess):
-  """`process`, whose `next` fails on a state whose noise slot was not filled for the round.
+def refusing_unfed_rounds(process: tff.templates.AggregationProcess,
+                          slot_of=lambda query_state: query_state.numerator_state):
+  """`process`, whose `next` fails on a state whose noise slot (`slot_of` its query state) was
+  not filled for the round.
 
   Checked before the inner `next`, not in the query: TFF's DifferentiallyPrivateFactory runs
   the query's `get_noised_result` on the initial state once in `initialize` (for its DpEvent).
@@ -146,7 +148,7 @@ def _refusing_unfed_rounds(process: tff.templates.AggregationProcess):
 
   @tff.tensorflow.computation(state_type)
   def check_fed(state):
-    slot = state.query_state.numerator_state
+    slot = slot_of(state.query_state)
     fed = tf.debugging.assert_equal(
         slot.fed_round, slot.step + 1,
         message='the correlated noise of this round was not fed (tff_dp NoiseFeed.into)')

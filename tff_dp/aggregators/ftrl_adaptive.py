@@ -10,10 +10,15 @@ at a restart, where the estimate is adopted and both trees start afresh: first a
 `restart_warmup` rounds, then every `restart_frequency` rounds, and with `rounds_per_epoch`
 also after every epoch (tree_aggregation.py says why).
 
-Ours rather than the classmethod (the tests check it equals TFF's output bit for bit with the
-same seed up to the count noise): the count tree's noise seed. tfp builds that tree without a
-seed, i.e. seeded from the clock (tree_aggregation.py); `_SeededTreeQuantileEstimatorQuery`
-gives it one from the OS CSPRNG like the update tree's.
+Ours rather than the classmethod: the count tree's noise seed, and where the update tree
+lives. tfp builds the count tree without a seed, i.e. seeded from the clock
+(tree_aggregation.py); `_SeededTreeQuantileEstimatorQuery` gives it one from the OS CSPRNG like
+the update tree's. With `feed_noise` (the default) the update tree's nodes, a model copy per
+level, stay beside the process and its noise is fed each round (`noise_feed()`, as `ftrl`'s:
+ftrl.py), restarted on the query's schedule (`stream`), scaled by the stddev of the clip in
+use; the scalar count tree stays in the query. `feed_noise=False` keeps tfp's update tree in
+the state: the tests check that equals TFF's output bit for bit with the same seed up to the
+count noise, and the fed one's law against it.
 """
 
 import collections
@@ -23,14 +28,18 @@ import tensorflow_federated as tff
 import tensorflow_privacy as tfp
 from tensorflow_privacy.privacy.dp_query import quantile_estimator_query
 
-from tff_dp import noise_budget
-from tff_dp.aggregators import groups as groups_lib
 from tff_dp import adaptive_clipping
+from tff_dp import noise_budget
+from tff_dp.aggregators import correlated_noise
+from tff_dp.aggregators import groups as groups_lib
+from tff_dp.aggregators import noise_feed
+from tff_dp.aggregators import privacy_queries
 from tff_dp.aggregators import quantile_clipping
 from tff_dp.aggregators import tree_aggregation
 from tff_dp.aggregators import reporting
 from tff_dp.aggregators.reporting import ReportingDPFactory
 from tff_dp.errors import UserInputError
+from tff_dp.matrix_factorization import tree
 
 
 class _SeededTreeQuantileEstimatorQuery(quantile_estimator_query.TreeQuantileEstimatorQuery):
@@ -48,6 +57,23 @@ class _SeededTreeQuantileEstimatorQuery(quantile_estimator_query.TreeQuantileEst
     return tfp.NormalizedQuery(sum_query, denominator=expected_num_records)
 
 
+class _FedTreeSumQuery(correlated_noise.CorrelatedSumQuery):
+  """The update tree's sum with its noise fed from beside the process, with the methods
+  `tfp.QAdaClipTreeResSumQuery` calls on its tree sum: the new clip and stddev at a restart
+  (the feed restarts its tree on the same schedule, `FtrlAdaptiveFactory.stream`)."""
+
+  def preprocess_record_l2_impl(self, params, record):
+    flat, norm = tf.clip_by_global_norm(tf.nest.flatten(record), params)
+    return tf.nest.pack_sequence_as(record, flat), norm
+
+  def reset_l2_clip_gaussian_noise(self, global_state, clip_norm, stddev):
+    return global_state._replace(l2_norm_clip=clip_norm, stddev=stddev)
+
+  def reset_state(self, noised_results, global_state):
+    del noised_results
+    return global_state
+
+
 class _SeededQAdaClipTreeResSumQuery(tfp.QAdaClipTreeResSumQuery):
   """tfp's `QAdaClipTreeResSumQuery` with the seeded count tree (same arguments otherwise)."""
 
@@ -63,6 +89,20 @@ class _SeededQAdaClipTreeResSumQuery(tfp.QAdaClipTreeResSumQuery):
         expected_num_records, geometric_update, noise_seed=count_noise_seed)
 
 
+class _FedQAdaClipTreeResSumQuery(_SeededQAdaClipTreeResSumQuery):
+  """The same query with its update tree's noise fed from beside the process."""
+
+  def __init__(self, initial_l2_norm_clip, noise_multiplier, record_specs, *args, **kwargs):
+    super().__init__(initial_l2_norm_clip, noise_multiplier, record_specs, *args, **kwargs)
+    self._sum_query = _FedTreeSumQuery(
+        initial_l2_norm_clip, initial_l2_norm_clip * noise_multiplier, record_specs)
+
+  def derive_metrics(self, global_state):
+    return collections.OrderedDict(
+        current_clip=global_state.sum_state.l2_norm_clip,
+        estimate_clip=global_state.quantile_estimator_state.current_estimate)
+
+
 _DEFAULT = adaptive_clipping.AdaptiveClipping()
 _MEASUREMENTS = (tree_aggregation.LEAF_MEASUREMENT, quantile_clipping.CLIP)
 
@@ -75,7 +115,8 @@ class FtrlAdaptiveFactory(tff.aggregators.UnweightedAggregationFactory):
   def __init__(self, *, noise_multiplier: float, clients_per_round: float,
                initial_clip: float, restart_warmup: int = 128, restart_frequency: int = 1024,
                adaptive: adaptive_clipping.AdaptiveClipping = _DEFAULT,
-               rounds_per_epoch: int | None = None, noise_seed: int | None = None):
+               rounds_per_epoch: int | None = None, noise_seed: int | None = None,
+               feed_noise: bool = True):
     quantile_clipping.check_adaptive_args(
         noise_multiplier=noise_multiplier, clients_per_round=clients_per_round,
         initial_clip=initial_clip)
@@ -94,7 +135,23 @@ class FtrlAdaptiveFactory(tff.aggregators.UnweightedAggregationFactory):
         self.noise_multiplier, self.clipped_count_stddev)
     self.rounds_per_epoch = tree_aggregation.check_rounds_per_epoch(rounds_per_epoch)
     self.noise_seed = noise_seed
-    tree_aggregation.noise_seed(noise_seed)   # Checked now, drawn per `create`.
+    tree_aggregation.noise_seed(noise_seed)   # Checked now; drawn per `create`, `noise_feed`.
+    self.feed_noise = bool(feed_noise)
+
+  @property
+  def stream(self) -> tree.TreeStream:
+    """The update tree's noise, one residual a round (unit per-node stddev), restarted when
+    the query restarts: after `restart_warmup` rounds, every `restart_frequency`, every epoch."""
+    return tree.TreeStream(efficient=True, rounds_per_tree=self.rounds_per_epoch,
+                           restart_period=self.restart_frequency,
+                           restart_warmup=self.restart_warmup)
+
+  def noise_feed(self) -> noise_feed.NoiseFeed | None:
+    """What feeds this factory's processes their update tree's noise, seeded with `noise_seed`
+    or, if None, from the OS CSPRNG (None without `feed_noise`: the tree is in the process)."""
+    if not self.feed_noise:
+      return None
+    return noise_feed.NoiseFeed(self.stream, tree_aggregation.noise_seed(self.noise_seed))
 
   def measurements(self) -> tuple[reporting.Measurement, ...]:
     return reporting.declare(_MEASUREMENTS)
@@ -106,7 +163,9 @@ class FtrlAdaptiveFactory(tff.aggregators.UnweightedAggregationFactory):
     # seed keeps runs with `noise_seed` reproducible).
     count_seed = (tree_aggregation.noise_seed(None) if self.noise_seed is None
                   else (seed + 1) % 2**63)
-    sum_query = _SeededQAdaClipTreeResSumQuery(
+    fed, stream = self.feed_noise, self.stream
+    query_class = _FedQAdaClipTreeResSumQuery if fed else _SeededQAdaClipTreeResSumQuery
+    sum_query = query_class(
         self.initial_clip, self.update_noise_multiplier, specs,
         float(self.adaptive.target_unclipped_quantile),
         float(self.adaptive.clip_learning_rate), self.clipped_count_stddev,
@@ -128,15 +187,24 @@ class FtrlAdaptiveFactory(tff.aggregators.UnweightedAggregationFactory):
 
     def tuples(query_state):
       update, count = trees(query_state)
-      return collections.OrderedDict(update=tree_aggregation.tree_tuple(update),
-                                     clipped_count=tree_aggregation.tree_tuple(count))
+      return collections.OrderedDict(
+          update=(privacy_queries.query_tuple(update.l2_norm_clip, update.stddev) if fed
+                  else tree_aggregation.tree_tuple(update)),
+          clipped_count=tree_aggregation.tree_tuple(count))
 
     def metrics(query_state, inner_measurements):
       del inner_measurements
       update, _ = trees(query_state)
-      out = tree_aggregation.leaf_measurement(update)
-      out['clip'] = update.clip_value
+      if fed:
+        out = tree_aggregation.fed_leaf_measurement(stream, update)
+        out['clip'] = update.l2_norm_clip
+      else:
+        out = tree_aggregation.leaf_measurement(update)
+        out['clip'] = update.clip_value
       return out
 
-    return ReportingDPFactory(query, tuples, metrics,
-                              extra_measurements=_MEASUREMENTS).create(value_type)
+    process = ReportingDPFactory(query, tuples, metrics,
+                                 extra_measurements=_MEASUREMENTS).create(value_type)
+    if not fed:
+      return process
+    return correlated_noise.refusing_unfed_rounds(process, lambda state: trees(state)[0])

@@ -1,16 +1,17 @@
 """Correlated noise fed to the process from beside it, one model-sized input per round.
 
 A correlated-noise mechanism's noise state (a BLT's buffers, a banded strategy's last bands - 1
-outputs) is many model copies. Held in the process's state, TFF would move all of it between
-Python, the coordinator and the worker every round (docs/BENCHMARKS.md: 76x the cost of one
-noise input at 64 bands on the StackOverflow LSTM). So the state holds one slot, `FedNoise`:
-before each round the coordinator writes the round's noise w_t (`NoiseFeed.into`, numpy:
-`matrix_factorization.streaming`), the round adds stddev x w_t to the clipped sum and empties
-the slot. A round whose slot was not filled for it fails (`fed_round` must be the round's
-number), so a process is never run without its noise.
+outputs, a tree's nodes) is many model copies. Held in the process's state, TFF would move all
+of it between Python, the coordinator and the worker every round (docs/BENCHMARKS.md: 76x the
+cost of one noise input at 64 bands on the StackOverflow LSTM). So the state holds one slot,
+`FedNoise`: before each round the coordinator writes the round's noise w_t (`NoiseFeed.into`,
+numpy: `matrix_factorization.streaming` or `.tree`), the round adds stddev x w_t to the clipped
+sum and empties the slot. A round whose slot was not filled for it fails (`fed_round` must be
+the round's number), so a process is never run without its noise.
 
 Use it around `next` of any process whose state holds one such slot (a `tff.learning` process
-built with `CorrelatedNoiseFactory`, or the factory's aggregation process alone):
+built with `CorrelatedNoiseFactory` or `FtrlFactory`, or the factory's aggregation process
+alone):
 
     feed = factory.noise_feed()
     state = process.initialize()
@@ -56,10 +57,11 @@ class NoiseFeed:
   was committed, so the noise is the same bits either way, a round earlier.
   """
 
-  def __init__(self, stream: streaming.Stream, seed: int, *, compute_ahead: bool = True):
-    self.stream = stream
+  def __init__(self, stream, seed: int, *, compute_ahead: bool = True):
+    self.stream = stream   # A `streaming.Stream` or a `tree.TreeStream`.
     self.seed = int(seed)
     self._committed: Optional[streaming.StreamState] = None
+    self._size: Optional[int] = None   # The model's size (a stream state may hold no buffer).
     self._pending: Optional[streaming.StreamState] = None
     self._compute_ahead = compute_ahead
     self._ahead = None   # (seed, the state it advances, the future of its advance).
@@ -71,7 +73,8 @@ class NoiseFeed:
 
   def _size_to(self, noise) -> None:
     if self._committed is None:
-      self._committed = self.stream.start(_size(noise))
+      self._size = _size(noise)
+      self._committed = self.stream.start(self._size)
 
   def into(self, state, round_num: int):
     """`state` with its slot filled for round `round_num` (the round after the last commit)."""
@@ -107,7 +110,7 @@ class NoiseFeed:
 
   def _advance(self, seed: int, base: streaming.StreamState, size: int):
     """(w, the state after it) of the round after `base`: its draws are (seed, round)'s."""
-    return self.stream.advance(base, streaming.fresh_draws(seed, base.step + 1, size))
+    return self.stream.advance_round(base, streaming.round_draws(seed, base.step + 1, size))
 
   def commit(self, round_num: int) -> None:
     """Round `round_num`, fed by the last `into`, completed."""
@@ -151,17 +154,16 @@ class NoiseFeed:
     start = snapshot if snapshot is not None else self._start_of_stream()
     if start.step > step:
       raise ValueError(f'a snapshot of round {start.step} cannot rebuild round {step}')
-    size = _buffer_size(start)
     state = start
     while state.step < step:
-      _, state = self._advance(self.seed, state, size)
+      _, state = self._advance(self.seed, state, self._size or _buffer_size(start))
     self._committed = state
     return step - start.step
 
   def _start_of_stream(self) -> streaming.StreamState:
-    if self._committed is None:
+    if self._size is None:
       raise ValueError('size the feed (`start`) before restoring a state saved without buffers')
-    return self.stream.start(_buffer_size(self._committed))
+    return self.stream.start(self._size)
 
 
 def _buffer_size(state: streaming.StreamState) -> int:
@@ -171,7 +173,8 @@ def _buffer_size(state: streaming.StreamState) -> int:
 
 def for_factory(factory) -> Optional[NoiseFeed]:
   """A new feed for the processes `factory` builds; None when their noise is not fed (every
-  factory but the correlated-noise one, `CorrelatedNoiseFactory.noise_feed`)."""
+  factory but the correlated-noise and tree ones: `CorrelatedNoiseFactory.noise_feed`,
+  `FtrlFactory.noise_feed`)."""
   make_feed = getattr(factory, 'noise_feed', None)
   return make_feed() if make_feed is not None else None
 

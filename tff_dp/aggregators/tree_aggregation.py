@@ -1,9 +1,10 @@
-"""What the two DP-FTRL factories (`ftrl`, `ftrl_adaptive`) share: restarts, seeds, tree state.
+"""What the two DP-FTRL factories (`ftrl`, `ftrl_adaptive`) share: restarts, seeds, the leaf.
 
-Both factories build TFF 0.87's tree-aggregation queries (`tfp.TreeResidualSumQuery` /
-`tfp.QAdaClipTreeResSumQuery` inside `tfp.NormalizedQuery`, as
-`tff.aggregators.DifferentiallyPrivateFactory.tree_aggregation` / `.tree_adaptive` do; the tests
-check the outputs against those classmethods bit for bit). Three things are ours:
+`ftrl_adaptive` builds TFF 0.87's tree-aggregation query (`tfp.QAdaClipTreeResSumQuery` inside
+`tfp.NormalizedQuery`, as `tff.aggregators.DifferentiallyPrivateFactory.tree_adaptive` does; the
+tests check its outputs against that classmethod bit for bit). `ftrl` runs the mechanism of
+`.tree_aggregation` with the tree's nodes beside the process (ftrl.py; the tests check its noise
+against tfp's tree exactly, as a linear map of the Gaussian draws). Three things are ours:
 
   * Restarts at epoch boundaries. The accountant (`SingleEpochTreeAggregationDpEvent`) needs
     every tree to hold each client at most once, which shuffled participation guarantees only
@@ -12,11 +13,12 @@ check the outputs against those classmethods bit for bit). Three things are ours
     cannot express that, hence `EpochRestartIndicator` (tfp's `RestartIndicator` interface).
   * The noise seed. tfp seeds the tree's Gaussian generator from the clock when no seed is
     given (a microsecond timestamp: guessable, and with it all the noise); we draw it from the
-    OS CSPRNG instead. The seed, like the tree's buffered noise, lives in the aggregator state,
-    so checkpoints of a DP-FTRL run hold secrets (see docs/ENGINEERING_NOTES.md, "DP-FTRL").
+    OS CSPRNG instead. The seed and the tree's nodes live in the aggregator state (or, for
+    `ftrl`, in its noise feed), so checkpoints of a DP-FTRL run hold secrets (see
+    docs/ENGINEERING_NOTES.md, "DP-FTRL").
   * The measurement: `privacy_queries` (Contract 1) with the per-node noise stddev, and
     `tree_aggregation/leaf`, this round's 1-based position in its tree, read from the
-    pre-round tree state (1: the round starts a new tree, i.e. a restart happened before it).
+    pre-round state (1: the round starts a new tree, i.e. a restart happened before it).
 """
 
 import collections
@@ -109,6 +111,16 @@ def leaf_measurement(tree_sum_state) -> collections.OrderedDict:
   (`tree_aggregation.get_step_idx`), so the 1-based leaf is sum(2^level).
   """
   levels = tree_sum_state.tree_state.level_buffer_idx
-  leaf = tf.reduce_sum(tf.bitwise.left_shift(tf.ones_like(levels), levels))
+  return leaf_of(tf.reduce_sum(tf.bitwise.left_shift(tf.ones_like(levels), levels)))
+
+
+def fed_leaf_measurement(stream, slot) -> collections.OrderedDict:
+  """{tree_aggregation: {leaf}} of a tree fed from beside the process: the leaf after the
+  `slot`'s completed rounds (a `noise_feed.FedNoise`) in `stream` (a `tree.TreeStream`)."""
+  return leaf_of(tf.cast(stream.leaf(slot.step + 1, maximum=tf.maximum), tf.int32))
+
+
+def leaf_of(leaf) -> collections.OrderedDict:
+  """{tree_aggregation: {leaf}} for the 1-based `leaf` (int32)."""
   return collections.OrderedDict([(privacy_queries.TREE_KEY, collections.OrderedDict(
       leaf=leaf))])

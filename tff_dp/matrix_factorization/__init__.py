@@ -1,4 +1,4 @@
-"""Correlated-noise strategies for DP-FTRL beyond the tree, in numpy/scipy (no TensorFlow).
+"""Correlated-noise strategies for DP-FTRL, in numpy/scipy (no TensorFlow).
 
 The matrix mechanism releases the prefix sums A x of the clipped sums x as B (C x + z) with
 A = B C: each round adds the correlated noise (C^-1 z)_t. Here C is a lower-triangular Toeplitz
@@ -14,7 +14,10 @@ matrix given by its coefficients (C[t, s] = c[t - s]):
   (coefficients binom(2k, k) / 4^k), column-normalized.
 * `streaming`: the noise of a run one round at a time, (C^-1 z)_t for fresh draws z_t that are
   a function of (seed, round): a BLT's buffers or a banded strategy's last outputs, held once.
+* `tree`: the tree's noise one round at a time (tfp's tree aggregation, plain or Honaker's
+  efficient estimate, restarted every `rounds_per_tree` rounds): one node per level, held once.
 
 Why ours: jax_privacy has these in JAX, which needs jax >= 0.7 and cannot share a process with
-TFF 0.87; the formulas are re-derived here and tested against dense matrices and brute force.
+TFF 0.87 (tfp has the tree in TensorFlow, inside the process); the formulas are re-derived here
+and tested against dense matrices, brute force and tfp's tree.
 """

@@ -8,13 +8,13 @@ the next `StreamState`, sharing the banded buffers it keeps (a round costs one n
 array), so that a caller can hold the state of the last completed round and that of a round in
 flight for about one model copy more than the state itself.
 
-The fresh draws of round t are a function of (seed, t) alone (`fresh_draws`): a round re-run
-after a stop draws the same z_t, and the seed with the buffers is everything a checkpoint
-needs (both secret: they reveal the noise).
+The fresh draws of round t are a function of (seed, t) alone (`fresh_draws`, `round_draws`): a
+round re-run after a stop draws the same z_t, and the seed with the buffers is everything a
+checkpoint needs (both secret: they reveal the noise).
 """
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -65,6 +65,13 @@ class Stream:
       buffers = ((w,) + state.buffers[:-1]) if rest else ()
     return w, StreamState(state.step + 1, buffers)
 
+  def advance_round(self, state: StreamState,
+                    draw: Callable[[int], np.ndarray]) -> tuple[np.ndarray, StreamState]:
+    """`advance` with the round's draws given as `draw(k)` (the k-th; this stream takes one),
+    as a noise feed gives any stream (a tree takes one per node it makes,
+    `matrix_factorization.tree`)."""
+    return self.advance(state, draw(0))
+
 
 def _minus_weighted_sum(z: np.ndarray, weights: Sequence[float], arrays: Sequence[np.ndarray],
                         scratch: np.ndarray) -> np.ndarray:
@@ -79,3 +86,14 @@ def _minus_weighted_sum(z: np.ndarray, weights: Sequence[float], arrays: Sequenc
 def fresh_draws(seed: int, round_num: int, size: int, dtype=np.float32) -> np.ndarray:
   """Round `round_num`'s standard Gaussian draws z_t, a function of (seed, round) alone."""
   return np.random.default_rng([seed, round_num]).standard_normal(size, dtype=dtype)
+
+
+def round_draws(seed: int, round_num: int, size: int,
+                dtype=np.float32) -> Callable[[int], np.ndarray]:
+  """`draw(k)`: round `round_num`'s k-th standard Gaussian draw, a function of (seed, round, k)
+  alone; the 0th is `fresh_draws(seed, round_num, size)`."""
+  def draw(k: int) -> np.ndarray:
+    if k == 0:
+      return fresh_draws(seed, round_num, size, dtype)
+    return np.random.default_rng([seed, round_num, k]).standard_normal(size, dtype=dtype)
+  return draw
