@@ -231,8 +231,8 @@ def _adaptive_reference(norms, initial_clip, gamma, eta, restart_after):
 def test_adaptive_clip_follows_quantile_and_is_adopted_at_restarts(rounds_per_epoch):
   """Noise off: the estimate tracks the target quantile every round, the clip used changes only
   at restarts (after warm-up 3, then every 6 rounds, and with epochs of 5 also after rounds 5,
-  10, 15), each round's aggregate clips to the clip used; without epochs the process equals
-  TFF's `tree_adaptive` exactly."""
+  10, 15), each round's aggregate clips to the clip used; without epochs the process, fed or
+  with the tree in its state, equals TFF's `tree_adaptive` exactly."""
   shape, m, rounds, gamma, eta = (6,), 8, 16, 0.3, 0.4
   rng = np.random.default_rng(2)
   norms = rng.lognormal(0.0, 1.0, (rounds, m))
@@ -272,8 +272,14 @@ def test_adaptive_clip_follows_quantile_and_is_adopted_at_restarts(rounds_per_ep
     theirs = _process(tff.aggregators.DifferentiallyPrivateFactory.tree_adaptive(**tff_kw),
                       [shape])
     r_theirs, _ = _run(theirs, data)
-    for a, b in zip(results, r_theirs):
+    in_state = _process(aggregators.FtrlAdaptiveFactory(
+        initial_clip=0.5, adaptive=aggregators.AdaptiveClipping(**adaptive), feed_noise=False,
+        **kw), [shape])
+    assert in_state[1] is None
+    r_in_state, _ = _run(in_state, data)
+    for a, b, c in zip(results, r_theirs, r_in_state):
       np.testing.assert_array_equal(a[0], b[0])
+      np.testing.assert_array_equal(c[0], b[0])
 
 
 def test_adaptive_update_tree_is_fed_at_the_stddev_of_the_clip_in_use():

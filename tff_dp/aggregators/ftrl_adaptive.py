@@ -17,8 +17,8 @@ the update tree's. With `feed_noise` (the default) the update tree's nodes, a mo
 level, stay beside the process and its noise is fed each round (`noise_feed()`, as `ftrl`'s:
 ftrl.py), restarted on the query's schedule (`stream`), scaled by the stddev of the clip in
 use; the scalar count tree stays in the query. `feed_noise=False` keeps tfp's update tree in
-the state: the tests check that equals TFF's output bit for bit with the same seed up to the
-count noise, and the fed one's law against it.
+the state. The tests check both against TFF's classmethod bit for bit with noise off, and the
+fed noise against draws computed in the test (its law: tests/test_tree_noise.py).
 """
 
 import collections

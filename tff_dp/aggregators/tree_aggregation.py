@@ -1,10 +1,11 @@
 """What the two DP-FTRL factories (`ftrl`, `ftrl_adaptive`) share: restarts, seeds, the leaf.
 
-`ftrl_adaptive` builds TFF 0.87's tree-aggregation query (`tfp.QAdaClipTreeResSumQuery` inside
-`tfp.NormalizedQuery`, as `tff.aggregators.DifferentiallyPrivateFactory.tree_adaptive` does; the
-tests check its outputs against that classmethod bit for bit). `ftrl` runs the mechanism of
-`.tree_aggregation` with the tree's nodes beside the process (ftrl.py; the tests check its noise
-against tfp's tree exactly, as a linear map of the Gaussian draws). Three things are ours:
+Both run the mechanisms of TFF 0.87's `DifferentiallyPrivateFactory.tree_aggregation` /
+`.tree_adaptive` (`tfp.TreeResidualSumQuery` / `tfp.QAdaClipTreeResSumQuery` inside
+`tfp.NormalizedQuery`) with the (update) tree's nodes beside the process by default (ftrl.py;
+the tests check its noise against tfp's tree exactly, as a linear map of the Gaussian draws),
+or with `feed_noise=False` tfp's tree in the state (the tests check that against TFF's
+classmethods bit for bit; `ftrl_adaptive`'s with noise off). Three things are ours:
 
   * Restarts at epoch boundaries. The accountant (`SingleEpochTreeAggregationDpEvent`) needs
     every tree to hold each client at most once, which shuffled participation guarantees only

@@ -25,10 +25,10 @@ class RunFacts:
   """What a run's classification depends on.
 
   dp: the run trains with DP (without, nothing is covered: there is no guarantee).
-  noise_state_in_checkpoints: checkpoints hold the mechanism's noise state (`ftrl_adaptive`:
-    the trees' seeds and nodes; `ftrl`, BLT, BandMF: the noise feed's seed, its buffers or
-    nodes in snapshots), so a checkpoint and the released models together reveal the clipped
-    sums.
+  noise_state_in_checkpoints: checkpoints hold the mechanism's noise state (the noise feed's
+    seed of `ftrl`, `ftrl_adaptive`, BLT and BandMF, their buffers or tree nodes in snapshots;
+    `ftrl_adaptive`'s clipped-count tree), so a checkpoint and the released models together
+    reveal the clipped sums.
   eval_covered: evaluation data is disjoint from the protected population or declared public.
   seeded: a sampling seed reproduces the samples (config.json records it).
   private_release: the run keeps diagnostics out of metrics.csv, TensorBoard and the console.

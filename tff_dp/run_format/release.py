@@ -79,10 +79,11 @@ OUTPUTS = (
     Output('checkpoints/*', 'the model, optimizer and clip state after a round (no noise '
            'state)', lambda f: SECRET if f.noise_state_in_checkpoints else COVERED),
     Output(f'{SECRET_DIR}/checkpoints/*', 'checkpoints of a mechanism whose noise spans '
-           'rounds: its noise seeds (and the tree\'s nodes)', SECRET),
+           'rounds: its noise seeds (and `ftrl_adaptive`\'s clipped-count tree)', SECRET),
     Output(f'{SECRET_DIR}/{run_format.NOISE_SNAPSHOTS_FOLDER}/*', 'a correlated-noise '
-           'mechanism\'s noise buffers after a round, every few rounds (its checkpoints hold '
-           'the seed, and a resume replays the rounds since the snapshot)', SECRET),
+           'mechanism\'s noise buffers (a tree\'s nodes) after a round, every few rounds (its '
+           'checkpoints hold the seed, and a resume replays the rounds since the snapshot)',
+           SECRET),
     Output(f'{SECRET_DIR}/sampling_key', 'the permutation samplers\' key (every epoch\'s '
            'order, or cyclic Poisson\'s groups)', SECRET),
     Output(f'{SECRET_DIR}/canary_key', 'the key of the canary directions', SECRET),
