@@ -79,7 +79,7 @@ OUTPUTS = (
     Output('checkpoints/*', 'the model, optimizer and clip state after a round (no noise '
            'state)', lambda f: SECRET if f.noise_state_in_checkpoints else COVERED),
     Output(f'{SECRET_DIR}/checkpoints/*', 'checkpoints of a mechanism whose noise spans '
-           'rounds: its noise seeds (and `ftrl_adaptive`\'s clipped-count tree)', SECRET),
+           'rounds: its noise seeds (and an adaptive tree\'s clipped-count nodes)', SECRET),
     Output(f'{SECRET_DIR}/{run_format.NOISE_SNAPSHOTS_FOLDER}/*', 'a correlated-noise '
            'mechanism\'s noise buffers (a tree\'s nodes) after a round, every few rounds (its '
            'checkpoints hold the seed, and a resume replays the rounds since the snapshot)',
