@@ -129,11 +129,14 @@ class CorrelatedNoiseFactory(tff.aggregators.UnweightedAggregationFactory):
                                 denominator=self.clients_per_round)
 
     def tuples(query_state):
-      state = query_state.numerator_state
-      return collections.OrderedDict(
-          update=privacy_queries.query_tuple(state.l2_norm_clip, state.stddev))
+      return collections.OrderedDict(update=fed_tuple(query_state.numerator_state))
 
     return refusing_unfed_rounds(ReportingDPFactory(query, tuples).create(value_type))
+
+
+def fed_tuple(slot: noise_feed.FedNoise) -> collections.OrderedDict:
+  """(clip, stddev of the fed draws) of a fed sum's pre-round state (Contract 1 entry)."""
+  return privacy_queries.query_tuple(slot.l2_norm_clip, slot.stddev)
 
 
 def refusing_unfed_rounds(process: tff.templates.AggregationProcess,

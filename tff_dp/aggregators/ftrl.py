@@ -26,7 +26,6 @@ from tff_dp.aggregators import correlated_noise
 from tff_dp.aggregators import fixed
 from tff_dp.aggregators import groups as groups_lib
 from tff_dp.aggregators import noise_feed
-from tff_dp.aggregators import privacy_queries
 from tff_dp.aggregators import reporting
 from tff_dp.aggregators import tree_aggregation
 from tff_dp.aggregators.reporting import ReportingDPFactory
@@ -78,9 +77,8 @@ class FtrlFactory(tff.aggregators.UnweightedAggregationFactory):
     stream = self.stream
 
     def tuples(query_state):
-      state = query_state.numerator_state
       return collections.OrderedDict(
-          update=privacy_queries.query_tuple(state.l2_norm_clip, state.stddev))
+          update=correlated_noise.fed_tuple(query_state.numerator_state))
 
     def metrics(query_state, inner_measurements):
       del inner_measurements

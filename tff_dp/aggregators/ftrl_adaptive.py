@@ -33,7 +33,6 @@ from tff_dp import noise_budget
 from tff_dp.aggregators import correlated_noise
 from tff_dp.aggregators import groups as groups_lib
 from tff_dp.aggregators import noise_feed
-from tff_dp.aggregators import privacy_queries
 from tff_dp.aggregators import quantile_clipping
 from tff_dp.aggregators import tree_aggregation
 from tff_dp.aggregators import reporting
@@ -188,7 +187,7 @@ class FtrlAdaptiveFactory(tff.aggregators.UnweightedAggregationFactory):
     def tuples(query_state):
       update, count = trees(query_state)
       return collections.OrderedDict(
-          update=(privacy_queries.query_tuple(update.l2_norm_clip, update.stddev) if fed
+          update=(correlated_noise.fed_tuple(update) if fed
                   else tree_aggregation.tree_tuple(update)),
           clipped_count=tree_aggregation.tree_tuple(count))
 

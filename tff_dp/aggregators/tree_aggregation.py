@@ -14,9 +14,9 @@ classmethods bit for bit; `ftrl_adaptive`'s with noise off). Three things are ou
     cannot express that, hence `EpochRestartIndicator` (tfp's `RestartIndicator` interface).
   * The noise seed. tfp seeds the tree's Gaussian generator from the clock when no seed is
     given (a microsecond timestamp: guessable, and with it all the noise); we draw it from the
-    OS CSPRNG instead. The seed and the tree's nodes live in the aggregator state (or, for
-    `ftrl`, in its noise feed), so checkpoints of a DP-FTRL run hold secrets (see
-    docs/ENGINEERING_NOTES.md, "DP-FTRL").
+    OS CSPRNG instead. The (update) tree's seed and nodes live in the noise feed, or with
+    `feed_noise=False` in the aggregator state, as the clipped-count tree's do, so checkpoints
+    of a DP-FTRL run hold secrets (see docs/ENGINEERING_NOTES.md, "DP-FTRL").
   * The measurement: `privacy_queries` (Contract 1) with the per-node noise stddev, and
     `tree_aggregation/leaf`, this round's 1-based position in its tree, read from the
     pre-round state (1: the round starts a new tree, i.e. a restart happened before it).
