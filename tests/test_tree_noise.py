@@ -96,8 +96,9 @@ def test_the_tree_beside_the_process_is_tfps_tree_in_law(efficient, schedule):
 
 @pytest.mark.parametrize('schedule', [s for s in SCHEDULES if s != 'never'])
 def test_the_leaves_restart_where_tfps_indicator_restarts(schedule):
-  """Round t is leaf 1 exactly after the rounds tfp's indicator flags; the leaf computed on a
-  tensor (the measurement's) is the leaf computed in Python."""
+  """Round t is leaf 1 exactly after the rounds tfp's indicator flags (for the schedule tfp
+  lacks, ours: checked against the schedule written out below); the leaf computed on a tensor
+  (the measurement's) is the leaf computed in Python."""
   stream = tree.TreeStream(**SCHEDULES[schedule][0])
   indicator = SCHEDULES[schedule][1]()
   state, flagged = indicator.initialize(), []
@@ -108,6 +109,19 @@ def test_the_leaves_restart_where_tfps_indicator_restarts(schedule):
   rounds = tf.range(1, 3 * ROUNDS + 1, dtype=tf.int64)
   assert list(stream.leaf(rounds, maximum=tf.maximum).numpy()) == [
       stream.leaf(t) for t in range(1, 3 * ROUNDS + 1)]
+
+
+def test_the_epoch_indicator_restarts_on_the_written_out_schedule():
+  """`ftrl_adaptive`'s indicator with epochs of 4, warm-up 3 and period 5 (tfp has none to
+  compare with): after every 4th round and after rounds 3, 8, 13, ..., in tensors."""
+  indicator = tree_aggregation.EpochRestartIndicator(4, period=5, warmup=3)
+  state, flagged = indicator.initialize(), []
+  for t in range(1, 31):
+    flag, state = indicator.next(state)
+    if flag:
+      flagged.append(t)
+  assert int(state) == 30
+  assert flagged == [3, 4, 8, 12, 13, 16, 18, 20, 23, 24, 28]
 
 
 @pytest.mark.parametrize('rounds_per_tree', [None, 4])

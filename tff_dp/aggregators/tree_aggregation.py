@@ -32,29 +32,28 @@ import tensorflow_privacy as tfp
 from tff_dp import measurements
 from tff_dp.aggregators import privacy_queries
 from tff_dp.errors import UserInputError
+from tff_dp.matrix_factorization import tree
 
 
 class EpochRestartIndicator(tfp.restart_query.RestartIndicator):
   """Restart after every `rounds_per_epoch`-th call and, if `period` is set, after the calls
   numbered `warmup`, `warmup + period`, ... (TFF's tree_adaptive schedule). Same state as tfp's
-  `PeriodicRoundRestartIndicator`: the int32 number of calls so far."""
+  `PeriodicRoundRestartIndicator`: the int32 number of calls so far. The schedule's one home
+  is `tree.TreeStream`, which also restarts the tree fed from beside the process."""
 
   def __init__(self, rounds_per_epoch: int, period: Optional[int] = None,
                warmup: Optional[int] = None):
-    self.rounds_per_epoch = int(rounds_per_epoch)
-    self.period = None if period is None else int(period)
-    self.warmup = 0 if warmup is None else int(warmup)
+    self.schedule = tree.TreeStream(rounds_per_tree=int(rounds_per_epoch),
+                                    restart_period=None if period is None else int(period),
+                                    restart_warmup=0 if warmup is None else int(warmup))
 
   def initialize(self):
     return tf.constant(0, tf.int32)
 
   def next(self, state):
     state = state + tf.constant(1, tf.int32)
-    flag = tf.equal(tf.math.floormod(state, self.rounds_per_epoch), 0)
-    if self.period is not None:
-      flag = tf.logical_or(
-          flag, tf.equal(tf.math.floormod(state, self.period), self.warmup))
-    return flag, state
+    # `tf.equal`, not `==`: in TFF's graphs a tensor's `==` is identity, not elementwise.
+    return tf.equal(self.schedule.leaf(state + 1, maximum=tf.maximum), 1), state
 
 
 def check_rounds_per_epoch(rounds_per_epoch) -> Optional[int]:
