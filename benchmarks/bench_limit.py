@@ -21,6 +21,7 @@ Targets (issue 40): ours/raw <= 1.15, ours/tff <= 0.75.
 
 Usage: python benchmarks/bench_limit.py [--tasks emnist,stackoverflow_word]
          [--clients 10,100] [--repetitions 5] [--arms raw,tff,tff_iterator,ours]
+         [--ours_loop dataset_reduce]   (our client loop; default: run_experiment.py's)
 Quick check: --tasks emnist --clients 10 --repetitions 3
 """
 
@@ -33,6 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Optional
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -48,6 +50,7 @@ from tasks import synthetic_data  # noqa: E402
 from tff_dp.execution import runtime  # noqa: E402
 
 runtime.manage_workers()   # No TFF worker outlives the benchmark.
+from tff_dp import choices  # noqa: E402
 from tff_dp.training import config as config_lib  # noqa: E402
 from tff_dp.training import experiment  # noqa: E402
 
@@ -163,19 +166,20 @@ class RawClientWork:
     return [s.numpy() for s in self._total]   # Read out, as a server would.
 
 
-def _ours_config(task_name: str, clients: int, root: str,
-                 client_cache_size: int) -> config_lib.ExperimentConfig:
+def _ours_config(task_name: str, clients: int, root: str, client_cache_size: int,
+                 loop_implementation: Optional[str]) -> config_lib.ExperimentConfig:
   """run_experiment.py's defaults, sampling all `clients` clients every round."""
   return config_lib.ExperimentConfig.from_settings(
       root_output_dir=root, experiment_name=f'{task_name}-{clients}',
       client_cache_size=client_cache_size, task=task_name, client_batch_size=_BATCH,
       total_rounds=10**6, rounds_per_eval=10**6, rounds_per_checkpoint=10**6,
       clients_per_round=clients, max_train_clients=clients, client_sampling='fixed_size',
-      client_learning_rate=_LEARNING_RATE, dp='adaptive', clip=0.1, noise_multiplier=0.5)
+      client_learning_rate=_LEARNING_RATE, dp='adaptive', clip=0.1, noise_multiplier=0.5,
+      **({} if loop_implementation is None else {'loop_implementation': loop_implementation}))
 
 
 def bench(task_name: str, clients: int, repetitions: int, arms: list, warmup: int,
-          client_cache_size: int) -> dict:
+          client_cache_size: int, ours_loop: Optional[str]) -> dict:
   """A `_Clock` of every arm's repetitions; its wall times also hold 'ours_next'."""
   task = tasks.build_task(task_name, _data_dir(task_name), client_batch_size=_BATCH,
                           shuffle_seed=0)
@@ -239,7 +243,7 @@ def bench(task_name: str, clients: int, repetitions: int, arms: list, warmup: in
 
   root = tempfile.mkdtemp(prefix='bench_limit_')
   try:
-    cfg = _ours_config(task_name, clients, root, client_cache_size)
+    cfg = _ours_config(task_name, clients, root, client_cache_size, ours_loop)
     try:
       experiment.run(cfg, task, log=log)
     except _Done:
@@ -286,6 +290,8 @@ def main():
   parser.add_argument('--arms', default=','.join(ARMS))
   parser.add_argument('--client_cache_size', type=int, default=1000,
                       help='Ours: 0 rebuilds and checks every client dataset every round.')
+  parser.add_argument('--ours_loop', default=None, choices=sorted(choices.LOOP_IMPLEMENTATIONS),
+                      help='Ours: the client loop (default: run_experiment.py\'s).')
   parser.add_argument('--max_concurrent_computation_calls', type=int, default=-1,
                       help='Clients the TFF worker trains at once, for every TFF arm '
                            '(<= 0: all of a round\'s clients, TFF\'s default).')
@@ -298,12 +304,14 @@ def main():
   print(f'{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start (a shared '
         f'machine: figures are indicative); median of {args.repetitions} interleaved '
         f'repetitions after {args.warmup} warm-up; TFF {tff.__version__}; '
-        f'max_concurrent_computation_calls {args.max_concurrent_computation_calls}', flush=True)
+        f'max_concurrent_computation_calls {args.max_concurrent_computation_calls}; our '
+        f'client loop {args.ours_loop or "that of run_experiment.py"}', flush=True)
   results = []
   for name in args.tasks.split(','):
     for clients in (int(c) for c in args.clients.split(',')):
       results.append(((name, clients), bench(name, clients, args.repetitions, arms,
-                                             args.warmup, args.client_cache_size)))
+                                             args.warmup, args.client_cache_size,
+                                             args.ours_loop)))
       print(f'  {name} x {clients} done, load average {os.getloadavg()[0]:.1f}', flush=True)
   _table('wall seconds per round', [(k, c.wall) for k, c in results],
          arms + (['ours_next'] if 'ours' in arms else []), arms)
