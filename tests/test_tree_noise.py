@@ -45,7 +45,8 @@ SCHEDULES = {
                             lambda: tfp.restart_query.PeriodicRoundRestartIndicator(5, 2)),
     'epochs of 4, warm-up 3, period 5': (
         {'rounds_per_tree': 4, 'restart_period': 5, 'restart_warmup': 3},
-        lambda: tree_aggregation.EpochRestartIndicator(4, period=5, warmup=3)),
+        lambda: tree_aggregation.EpochRestartIndicator(
+            tree.TreeStream(rounds_per_tree=4, restart_period=5, restart_warmup=3))),
 }
 
 
@@ -114,7 +115,8 @@ def test_the_leaves_restart_where_tfps_indicator_restarts(schedule):
 def test_the_epoch_indicator_restarts_on_the_written_out_schedule():
   """`ftrl_adaptive`'s indicator with epochs of 4, warm-up 3 and period 5 (tfp has none to
   compare with): after every 4th round and after rounds 3, 8, 13, ..., in tensors."""
-  indicator = tree_aggregation.EpochRestartIndicator(4, period=5, warmup=3)
+  indicator = tree_aggregation.EpochRestartIndicator(
+      tree.TreeStream(rounds_per_tree=4, restart_period=5, restart_warmup=3))
   state, flagged = indicator.initialize(), []
   for t in range(1, 31):
     flag, state = indicator.next(state)

@@ -174,8 +174,7 @@ class FtrlAdaptiveFactory(tff.aggregators.UnweightedAggregationFactory):
       restarts = tfp.restart_query.PeriodicRoundRestartIndicator(
           period=self.restart_frequency, warmup=self.restart_warmup)
     else:
-      restarts = tree_aggregation.EpochRestartIndicator(
-          self.rounds_per_epoch, period=self.restart_frequency, warmup=self.restart_warmup)
+      restarts = tree_aggregation.EpochRestartIndicator(self.stream)
     query = tfp.NormalizedQuery(tfp.RestartQuery(sum_query, restarts),
                                 denominator=self.clients_per_round)
 

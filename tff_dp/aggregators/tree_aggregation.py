@@ -36,16 +36,14 @@ from tff_dp.matrix_factorization import tree
 
 
 class EpochRestartIndicator(tfp.restart_query.RestartIndicator):
-  """Restart after every `rounds_per_epoch`-th call and, if `period` is set, after the calls
-  numbered `warmup`, `warmup + period`, ... (TFF's tree_adaptive schedule). Same state as tfp's
-  `PeriodicRoundRestartIndicator`: the int32 number of calls so far. The schedule's one home
-  is `tree.TreeStream`, which also restarts the tree fed from beside the process."""
+  """Restart when `schedule` (a `tree.TreeStream`, the schedule's one home, which also
+  restarts the tree fed from beside the process) restarts: after every `rounds_per_tree`-th
+  call and, with `restart_period`, after the calls numbered `restart_warmup`,
+  `restart_warmup + restart_period`, ... (TFF's tree_adaptive schedule). Same state as tfp's
+  `PeriodicRoundRestartIndicator`: the int32 number of calls so far."""
 
-  def __init__(self, rounds_per_epoch: int, period: Optional[int] = None,
-               warmup: Optional[int] = None):
-    self.schedule = tree.TreeStream(rounds_per_tree=int(rounds_per_epoch),
-                                    restart_period=None if period is None else int(period),
-                                    restart_warmup=0 if warmup is None else int(warmup))
+  def __init__(self, schedule: tree.TreeStream):
+    self.schedule = schedule
 
   def initialize(self):
     return tf.constant(0, tf.int32)
