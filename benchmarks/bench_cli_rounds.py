@@ -1,32 +1,42 @@
 """Command-line rounds with their checkpoints: correlated noise against `fixed` as users run it
 (issue 53).
 
-Each arm is one `run_experiment.py` process, exactly as a user starts it: EMNIST on the
-embedded data, 10 clients per round, a checkpoint every round (which BLT and BandMF require,
-and which `fixed` is given too, so the arms write alike), evaluation off. The arms run one
-after another, `--repetitions` times in rotating order (this machine's round time drifts by
-15-30% between runs). For each run the script reads, at every round's console line, the bytes
-the run's processes (the coordinator and its TFF worker) have passed to `write` so far
-(`wchar` of /proc/PID/io: checkpoints, noise snapshots, ledger, metrics), and afterwards
-`wall_seconds` of metrics.csv (the whole round, its checkpoint included). It reports per arm,
-over the last `--steady` rounds: the mean seconds a round and the bytes written a round (the
-default window of 128 rounds holds one of 64-band BandMF's noise snapshots, which come every
-126 rounds, so both are amortized over it), and their ratios to `fixed`; and the bytes of
-checkpoints and snapshots on disk at the end. Targets (issue 53): BandMF with 64 bands at
-most 1.15x `fixed`'s round and 1.5x its bytes.
+Each arm is one `run_experiment.py` process, exactly as a user starts it: the task (EMNIST's CNN
+or StackOverflow's LSTM) on the embedded data, 10 clients per round, a checkpoint every round
+(which BLT and BandMF require, and which `fixed` is given too, so the arms write alike),
+evaluation off. The arms run one after another, `--repetitions` times in rotating order (this
+machine's round time drifts by 15-30% between runs). For each run the script reads, at every
+round's console line, the bytes the run's processes (the coordinator and its TFF worker) have
+passed to `write` so far (`wchar` of /proc/PID/io: checkpoints, noise snapshots, ledger,
+metrics), and afterwards `wall_seconds` of metrics.csv (the whole round, its checkpoint
+included). It reports per arm, over the last `--steady` rounds before the stop: the mean seconds
+a round and the bytes written a round (the default window of 128 rounds holds one of 64-band
+BandMF's noise snapshots, which come every 126 rounds, so both are amortized over it), and their
+ratios to `fixed`; and the bytes of checkpoints and snapshots on disk at the stop.
 
-Usage: python benchmarks/bench_cli_rounds.py [--rounds 140] [--steady 128] [--repetitions 2]
-       [--arms fixed,bandmf] [--bands 64]
+Resume: each run is planned for `--rounds` + 1 rounds and stopped with SIGTERM while round
+`--rounds` runs (the signal goes at the line of the round before), as a user stops a run: the run
+checkpoints that round and exits. It is then resumed (`--resume`) for the last round, and the
+script reports the seconds from the resumed process's start to its first round's line: start-up,
+the checkpoint's load, BandMF's noise buffers rebuilt from their last snapshot, and that round.
+
+Targets (issue 53): BandMF with 64 bands at most 1.15x `fixed`'s round and 1.5x its bytes;
+its resume at round 200 within 30 s of `fixed`'s.
+
+Usage: python benchmarks/bench_cli_rounds.py [--task emnist] [--rounds 140] [--steady 128]
+       [--repetitions 2] [--arms fixed,bandmf] [--bands 64]
 """
 
 import argparse
 import csv
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -44,7 +54,8 @@ ARMS = {
     'blt': ['--dp=blt', '--client_sampling=min_separation'],
     'bandmf': ['--dp=bandmf', '--client_sampling=min_separation'],
 }
-TARGET_TIME, TARGET_BYTES = 1.15, 1.5
+TASKS = ('emnist', 'stackoverflow_word')   # The embedded data holds both.
+TARGET_TIME, TARGET_BYTES, TARGET_RESUME_EXTRA = 1.15, 1.5, 30.0
 
 
 def bytes_written(pid: int) -> int:
@@ -65,33 +76,54 @@ def _tree_bytes(pid: int, seen: dict) -> int:
 
 
 def run_arm(arm: str, args, out_dir: str, name: str) -> dict:
-  """One run of `arm`: {'seconds': steady round seconds, 'bytes': steady bytes a round,
-  'checkpoint_bytes': checkpoints and snapshots on disk at the end}."""
-  cmd = [sys.executable, os.path.join(ROOT, 'run_experiment.py'), '--task=emnist',
+  """One run of `arm`, stopped after round `args.rounds` and resumed for one more: {'seconds':
+  steady round seconds, 'bytes': steady bytes a round, 'checkpoint_bytes': checkpoints and
+  snapshots on disk at the stop, 'resume_seconds': the resume's start to its round's line}."""
+  cmd = [sys.executable, os.path.join(ROOT, 'run_experiment.py'), f'--task={args.task}',
          f'--embedded_data_dir={os.path.join(ROOT, "data_cache", "embedded")}',
          *ARMS[arm], '--clip=0.1', '--noise_multiplier=0.7', '--clients_per_round=10',
-         f'--total_rounds={args.rounds}', '--rounds_per_checkpoint=1',
-         f'--rounds_per_eval={args.rounds + 1}', f'--root_output_dir={out_dir}',
+         f'--total_rounds={args.rounds + 1}', '--rounds_per_checkpoint=1',
+         f'--rounds_per_eval={args.rounds + 2}', f'--root_output_dir={out_dir}',
          f'--experiment_name={name}'] + ([f'--bands={args.bands}'] if arm == 'bandmf' else [])
+  written, seen = {}, {}
+  _run(cmd, arm, stop_after=args.rounds - 1,
+       on_round=lambda pid, r: written.setdefault(r, _tree_bytes(pid, seen)))
+  if max(written) != args.rounds:
+    sys.exit(f'{arm}: the run stopped after round {max(written)}, not {args.rounds}')
+  run_dir = os.path.join(out_dir, name)
+  checkpoint_bytes = _checkpoint_bytes(run_dir)
+  with open(os.path.join(run_dir, 'metrics.csv'), newline='') as f:
+    seconds = {int(r['round']): float(r['wall_seconds']) for r in csv.DictReader(f)}
+  resume = [*cmd[:2], '--resume', f'--root_output_dir={out_dir}', f'--experiment_name={name}']
+  resume_seconds = _run(resume, arm, stop_after=None)
+  first = args.rounds - args.steady
+  return {'seconds': statistics.mean(seconds[r] for r in range(first + 1, args.rounds + 1)),
+          'bytes': (written[args.rounds] - written[first]) / args.steady,
+          'checkpoint_bytes': checkpoint_bytes, 'resume_seconds': resume_seconds}
+
+
+def _run(cmd: list, arm: str, stop_after, on_round=lambda pid, r: None) -> float:
+  """Runs `cmd`, calling `on_round(pid, round)` at each round's line and sending SIGTERM at
+  round `stop_after`'s (the run stops after the round under way); returns the seconds from the
+  start to its first round's line."""
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='3')
-  written, seen, tail = {}, {}, []
+  tail, first_line = [], None
+  start = time.monotonic()
   with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                         env=env, cwd=ROOT) as proc:
     for line in proc.stdout:
       tail = (tail + [line.rstrip()])[-15:]
       m = _ROUND.match(line)
       if m:
-        written[int(m.group(1))] = _tree_bytes(proc.pid, seen)
-  if proc.returncode != 0 or len(written) < args.rounds:
-    sys.exit('\n'.join(tail) + f'\n{arm}: run_experiment.py exited with {proc.returncode} '
-             f'after {len(written)} rounds')
-  run_dir = os.path.join(out_dir, name)
-  with open(os.path.join(run_dir, 'metrics.csv'), newline='') as f:
-    seconds = {int(r['round']): float(r['wall_seconds']) for r in csv.DictReader(f)}
-  first = args.rounds - args.steady
-  return {'seconds': statistics.mean(seconds[r] for r in range(first + 1, args.rounds + 1)),
-          'bytes': (written[args.rounds] - written[first]) / args.steady,
-          'checkpoint_bytes': _checkpoint_bytes(run_dir)}
+        first_line = first_line or time.monotonic() - start
+        on_round(proc.pid, int(m.group(1)))
+        if int(m.group(1)) == stop_after:
+          proc.send_signal(signal.SIGTERM)
+  expected = 0 if stop_after is None else 128 + signal.SIGTERM
+  if proc.returncode != expected or first_line is None:
+    sys.exit('\n'.join(tail) + f'\n{arm}: run_experiment.py exited with {proc.returncode}, '
+             f'not {expected}')
+  return first_line
 
 
 def _checkpoint_bytes(run_dir: str) -> int:
@@ -111,7 +143,9 @@ SMOKE = ['--rounds=2', '--steady=1', '--repetitions=1', '--bands=2']
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--rounds', type=int, default=140)
+  parser.add_argument('--task', default='emnist', choices=TASKS)
+  parser.add_argument('--rounds', type=int, default=140,
+                      help='Rounds before the stop (each run is then resumed for one more).')
   parser.add_argument('--steady', type=int, default=128,
                       help='The last rounds of each run that are measured.')
   parser.add_argument('--repetitions', type=int, default=2)
@@ -121,7 +155,7 @@ def main():
   arms = args.arms.split(',')
   if set(arms) - set(ARMS) or 'fixed' not in arms or not 1 <= args.steady < args.rounds:
     parser.error(f'--arms from {",".join(ARMS)}, fixed among them; 1 <= --steady < --rounds')
-  print(f'{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start; EMNIST CNN, '
+  print(f'{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start; {args.task}, '
         f'10 clients, {args.rounds} rounds, a checkpoint every round; the last {args.steady} '
         f'rounds of each run measured', flush=True)
   results = {arm: [] for arm in arms}
@@ -130,17 +164,19 @@ def main():
       results[arm].append(run_arm(arm, args, out_dir, f'{arm}-{i}'))
       last = results[arm][-1]
       print(f'  {arm}: {last["seconds"]:.3f} s/round, {last["bytes"] / 2**20:.1f} MiB '
-            f'written/round', flush=True)
+            f'written/round, resumed in {last["resume_seconds"]:.1f} s', flush=True)
   median = {arm: {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             for arm, runs in results.items()}
   base = median['fixed']
   print(f'\n{"arm":<8} {"s/round":>8} {"x fixed":>8} {"MiB written/round":>18} {"x fixed":>8} '
-        f'{"on disk MiB":>16}')
+        f'{"on disk MiB":>12} {"resume s":>9} {"- fixed":>8}')
   for arm, m in median.items():
     print(f'{arm:<8} {m["seconds"]:>8.3f} {m["seconds"] / base["seconds"]:>8.2f} '
           f'{m["bytes"] / 2**20:>18.1f} {m["bytes"] / max(base["bytes"], 1):>8.2f} '
-          f'{m["checkpoint_bytes"] / 2**20:>16.1f}')
-  print(f'targets: at most {TARGET_TIME}x fixed per round, {TARGET_BYTES}x its bytes a round')
+          f'{m["checkpoint_bytes"] / 2**20:>12.1f} {m["resume_seconds"]:>9.1f} '
+          f'{m["resume_seconds"] - base["resume_seconds"]:>+8.1f}')
+  print(f'targets: at most {TARGET_TIME}x fixed per round, {TARGET_BYTES}x its bytes a round, '
+        f'a resume at most {TARGET_RESUME_EXTRA:.0f} s longer than fixed\'s')
 
 
 if __name__ == '__main__':
