@@ -146,7 +146,7 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument('--task', default='emnist', choices=TASKS)
   parser.add_argument('--rounds', type=int, default=140,
-                      help='Rounds before the stop (each run is then resumed for one more).')
+                      help='Rounds measured before the stop (then resumed for the rest).')
   parser.add_argument('--steady', type=int, default=128,
                       help='The last rounds of each run that are measured.')
   parser.add_argument('--repetitions', type=int, default=2)
