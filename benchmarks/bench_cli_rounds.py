@@ -31,10 +31,8 @@ Usage: python benchmarks/bench_cli_rounds.py [--task emnist] [--rounds 140] [--s
 import argparse
 import csv
 import os
-import re
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,7 +46,6 @@ import bench_common  # noqa: E402
 from tff_dp import run_format  # noqa: E402  (file names; imports no TensorFlow)
 from tff_dp.execution import runtime  # noqa: E402  (/proc helpers only; imports no TensorFlow)
 
-_ROUND = re.compile(r'^round\s+(\d+)/')
 # Each arm's mechanism flags; every arm samples exactly 10 clients a round.
 ARMS = {
     'fixed': ['--dp=fixed', '--client_sampling=fixed_size'],
@@ -108,21 +105,20 @@ def _run(cmd: list, arm: str, stop_after, on_round=lambda pid, r: None) -> float
   round `stop_after`'s (the run stops after the round under way, if any); returns the seconds
   from the start to its first round's line."""
   env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='3')
-  tail, first_line = [], None
+  first_line = None
   start = time.monotonic()
-  with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                        env=env, cwd=ROOT) as proc:
-    for line in proc.stdout:
-      tail = (tail + [line.rstrip()])[-15:]
-      m = _ROUND.match(line)
-      if m:
-        first_line = first_line or time.monotonic() - start
-        on_round(proc.pid, int(m.group(1)))
-        if int(m.group(1)) == stop_after:
-          proc.send_signal(signal.SIGTERM)
+
+  def at_round(pid, r):
+    nonlocal first_line
+    first_line = first_line or time.monotonic() - start
+    on_round(pid, r)
+    if r == stop_after:
+      os.kill(pid, signal.SIGTERM)
+
+  returncode, tail = bench_common.run_command_rounds(cmd, env, at_round)
   expected = 0 if stop_after is None else 128 + signal.SIGTERM
-  if proc.returncode != expected or first_line is None:
-    sys.exit('\n'.join(tail) + f'\n{arm}: run_experiment.py exited with {proc.returncode}, '
+  if returncode != expected or first_line is None:
+    sys.exit('\n'.join(tail) + f'\n{arm}: run_experiment.py exited with {returncode}, '
              f'not {expected}')
   return first_line
 

@@ -1,6 +1,7 @@
 """Pieces every round-time benchmark shares: the clients, the FedAvg process, the timed loop."""
 
 import os
+import re
 import socket
 import statistics
 import subprocess
@@ -47,6 +48,25 @@ def interleaved_median_seconds(processes: dict, states: dict, data, rounds: int)
     states[k] = processes[k].next(states[k], data).state
     times[k].append(time.perf_counter() - t0)
   return {k: statistics.median(v) for k, v in times.items()}
+
+
+_ROUND_LINE = re.compile(r'^round\s+(\d+)/')
+
+
+def run_command_rounds(cmd: list, env: dict, on_round) -> tuple[int, list[str]]:
+  """Runs the `run_experiment.py` command line `cmd` to its end, calling `on_round(pid, round)`
+  at each round's console line (the line comes after the round's outputs are written); returns
+  its exit code and its last 15 lines of output."""
+  tail = []
+  with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                        env=env, cwd=os.path.dirname(os.path.dirname(
+                            os.path.abspath(__file__)))) as proc:
+    for line in proc.stdout:
+      tail = (tail + [line.rstrip()])[-15:]
+      m = _ROUND_LINE.match(line)
+      if m:
+        on_round(proc.pid, int(m.group(1)))
+  return proc.returncode, tail
 
 
 def start_worker(core: Optional[int] = None) -> tuple[subprocess.Popen, str]:

@@ -28,6 +28,7 @@ Quick check: --tasks emnist --clients 10 --repetitions 3
 import argparse
 import collections
 import csv
+import math
 import os
 import shutil
 import statistics
@@ -68,15 +69,8 @@ def _cpu_seconds() -> float:
   Reported beside wall time: on a shared machine a round's wall time depends on the load,
   its CPU time much less (a multi-threaded arm also gets a larger share of a loaded machine).
   """
-  total = time.process_time()
-  for pid in runtime.worker_pids():
-    try:
-      with open(f'/proc/{pid}/stat') as f:
-        fields = f.read().rsplit(')', 1)[1].split()
-    except OSError:
-      continue
-    total += (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')   # utime + stime
-  return total
+  workers = [runtime.cpu_seconds(pid) for pid in runtime.worker_pids()]
+  return time.process_time() + sum(s for s in workers if not math.isnan(s))   # nan: gone.
 
 
 class _Clock:

@@ -44,10 +44,8 @@ TARGET_GROWTH = 0.05
 
 
 def slope(xs, ys) -> float:
-  """Least-squares slope of ys over xs."""
-  mx, my = statistics.fmean(xs), statistics.fmean(ys)
-  den = sum((x - mx) ** 2 for x in xs)
-  return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else float('nan')
+  """Least-squares slope of ys over xs (nan with fewer than two distinct xs)."""
+  return statistics.linear_regression(xs, ys).slope if len(set(xs)) > 1 else float('nan')
 
 
 # `--smoke`: the smallest settings, which the test suite runs (bench_args).

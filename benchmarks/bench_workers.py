@@ -69,12 +69,6 @@ def _process(task, clients):
       client_learning_rate=0.05)
 
 
-def _cpu_seconds(pid):
-  with open(f'/proc/{pid}/stat') as f:
-    fields = f.read().rsplit(')', 1)[1].split()
-  return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
-
-
 class _CallTimer:
   """Seconds the coordinator spends inside workers' CreateCall/Compute (the slices' training):
   summed over the workers, per second of round, it is how many slices were in flight on
@@ -147,13 +141,13 @@ def main():
                                         local))
     for name in bench_common.rotating_order(list(arms), args.rounds):
       tff.framework.set_default_context(arms[name])
-      cpu0 = sum(_cpu_seconds(p.pid) for p, _ in procs)
+      cpu0 = sum(runtime.cpu_seconds(p.pid) for p, _ in procs)
       calls0 = timer.seconds
       t0 = time.perf_counter()
       process.next(state, data)
       times[name].append(time.perf_counter() - t0)
       in_calls[name] += timer.seconds - calls0
-      cpu[name].append(sum(_cpu_seconds(p.pid) for p, _ in procs) - cpu0)
+      cpu[name].append(sum(runtime.cpu_seconds(p.pid) for p, _ in procs) - cpu0)
   finally:
     runtime.configure_execution_context()
     runtime.shutdown_workers()

@@ -12,6 +12,7 @@ BENCHMARKS = [
     ['bench_mechanisms.py'],              # DP-FTRL mechanisms' noise in the model at equal epsilon
     ['bench_throughput.py'],              # our whole round vs plain TFF without DP (<= 1.2x)
     ['bench_limit.py'],                   # our round vs raw TF client work and TFF defaults
+    ['bench_worker_threads.py'],          # the worker's inter-op pool: TF's size vs ours
     ['bench_scaling.py'],                 # round time vs clients/round and vs loopback workers
     ['bench_client_bytes.py'],            # bytes sent per round to a worker: datasets vs client ids
     ['bench_workers.py'],                 # 1 vs 2 pinned loopback workers (concurrent slices)

@@ -14,6 +14,7 @@ round's outputs; at that moment the test reads VmRSS of the process and of its w
 
 import asyncio
 import collections
+import os
 import re
 import statistics
 import subprocess
@@ -110,23 +111,23 @@ def test_checkpoints_reuse_one_module_and_tff_reads_them(tmp_path):
 
 def test_worker_environment_caps_malloc_arenas_unless_the_user_set_it(monkeypatch):
   monkeypatch.delenv('MALLOC_ARENA_MAX', raising=False)
-  assert runtime.DEFAULT_WORKER_ENV == {'MALLOC_ARENA_MAX': '2'}
-  assert runtime.worker_environment({'A': '1'}) == {'A': '1', 'MALLOC_ARENA_MAX': '2'}
+  monkeypatch.delenv('TF_NUM_INTEROP_THREADS', raising=False)
+  cores = len(os.sched_getaffinity(0))
+  assert runtime.DEFAULT_WORKER_ENV == {'MALLOC_ARENA_MAX': '2',
+                                        'TF_NUM_INTEROP_THREADS': str(2 * cores)}
+  assert runtime.worker_environment({'A': '1'}) == {
+      'A': '1', 'MALLOC_ARENA_MAX': '2', 'TF_NUM_INTEROP_THREADS': str(2 * cores)}
   assert runtime.worker_environment()['MALLOC_ARENA_MAX'] == '2'
   # A value the user exported wins.
   monkeypatch.setenv('MALLOC_ARENA_MAX', '4')
+  monkeypatch.setenv('TF_NUM_INTEROP_THREADS', '3')
   assert runtime.worker_environment()['MALLOC_ARENA_MAX'] == '4'
+  assert runtime.worker_environment()['TF_NUM_INTEROP_THREADS'] == '3'
 
 
 def _environ(pid):
   with open(f'/proc/{pid}/environ', 'rb') as f:
     return dict(e.decode().split('=', 1) for e in f.read().split(b'\0') if b'=' in e)
-
-
-def _slope(xs, ys):
-  mx, my = statistics.fmean(xs), statistics.fmean(ys)
-  return (sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-          / sum((x - mx) ** 2 for x in xs))
 
 
 _FREED_BELOW_A_LIVE_CHUNK = """
@@ -171,6 +172,7 @@ def test_long_run_memory_does_not_grow_per_round(tmp_path):
   samples = {}
   env = script_env()
   env.pop('MALLOC_ARENA_MAX', None)
+  env.pop('TF_NUM_INTEROP_THREADS', None)
   worker_env = None
   with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                         env=env) as proc:
@@ -186,10 +188,11 @@ def test_long_run_memory_does_not_grow_per_round(tmp_path):
                                     runtime.rss_mib(workers[0]) if workers else None)
   assert proc.returncode == 0, ''.join(output[-20:])
   assert worker_env is not None and worker_env.get('MALLOC_ARENA_MAX') == '2', worker_env
+  assert worker_env.get('TF_NUM_INTEROP_THREADS') == str(2 * len(os.sched_getaffinity(0)))
   rounds = [r for r in sorted(samples) if r > _WARM_UP and None not in samples[r]]
   assert len(rounds) >= _ROUNDS - _WARM_UP - 5, samples
-  coordinator = _slope(rounds, [samples[r][0] for r in rounds])
-  worker = _slope(rounds, [samples[r][1] for r in rounds])
+  coordinator = statistics.linear_regression(rounds, [samples[r][0] for r in rounds]).slope
+  worker = statistics.linear_regression(rounds, [samples[r][1] for r in rounds]).slope
   # Measured on this test (2 cores shared, load ~12): before the fix the worker grew by +16.4
   # MiB/round (an executor per client count, never closed) and the coordinator by +5.9
   # MiB/round (each checkpoint kept part of the ~10 MB state); after it +1.8 and +1.6

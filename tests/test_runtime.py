@@ -171,3 +171,41 @@ def test_worker_restarts_leave_no_thread_behind():
   assert [int(r[1]) for r in readings[1:]] == [int(readings[1][1])] * 3, out
   time.sleep(0.5)
   assert tagged_workers(tag) == set()
+
+
+_INTEROP_THREADS = r'''
+import os
+import numpy as np
+from tff_dp.execution import runtime
+runtime.manage_workers()
+import tensorflow_federated as tff
+@tff.federated_computation(tff.FederatedType(np.float32, tff.CLIENTS))
+def doubled_sum(x):
+  return tff.federated_sum(tff.federated_map(
+      tff.tensorflow.computation(lambda v: v * 2.0, np.float32), x))
+for threads in ('2', '22'):
+  runtime.configure_execution_context(worker_env={'TF_NUM_INTEROP_THREADS': threads})
+  assert doubled_sum([1.0] * 8) == 16.0
+  worker = runtime.worker_pids()[0]
+  print('interop', threads, 'worker threads', len(os.listdir(f'/proc/{worker}/task')),
+        flush=True)
+'''
+
+
+@pytest.mark.slow   # Starts two workers: not in `make test-fast`.
+def test_the_worker_sizes_its_inter_op_pool_from_its_environment():
+  """`DEFAULT_WORKER_ENV` widens the worker's TensorFlow inter-op pool through
+  TF_NUM_INTEROP_THREADS: the worker_binary honours it (20 more threads asked, 20 more run:
+  measured 19 and 39 threads), so the setting is not silently ignored."""
+  env, tag = tagged_env()
+  env.pop('TF_NUM_INTEROP_THREADS', None)
+  out = subprocess.run([sys.executable, '-c', _INTEROP_THREADS], capture_output=True,
+                       text=True, env=env, timeout=300, check=True).stdout
+  counts = {r[1]: int(r[4]) for r in (line.split() for line in out.splitlines())
+            if r and r[0] == 'interop'}
+  assert set(counts) == {'2', '22'}, out
+  # gRPC may start a thread or two more under load; a worker ignoring the variable runs the
+  # same pool in both.
+  assert 16 <= counts['22'] - counts['2'] <= 24, counts
+  time.sleep(0.5)
+  assert tagged_workers(tag) == set()

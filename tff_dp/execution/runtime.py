@@ -31,6 +31,15 @@ from tff_dp.execution import native_logs
 _WORKER_NAME = 'worker_binary'
 _installed = False
 
+
+def schedulable_cores() -> int:
+  """The cores this process may run on (its CPU affinity), as TensorFlow counts them."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:   # Not Linux.
+    return os.cpu_count() or 1
+
+
 # Environment variables the worker_binary is started with, on top of this process's own (a
 # variable already set in this process's environment wins, so a user can still override them).
 # glibc's malloc gives each thread that allocates under contention its own arena, up to 8 per
@@ -40,7 +49,14 @@ _installed = False
 # high-water mark: worker RSS grew ~0.9 MiB/round over 500 EMNIST rounds (issue 13, see
 # docs/ENGINEERING_NOTES.md "Memory over long runs"). Two arenas halve that growth (0.46 MiB/round) and
 # lower the worker's RSS by 300-500 MiB.
-DEFAULT_WORKER_ENV = {'MALLOC_ARENA_MAX': '2'}
+#
+# TensorFlow sizes the process-wide pool that runs a session's graph nodes (its inter-op pool)
+# to the number of cores. The worker runs every client of a call as a session of its own, all
+# at once, sharing that pool, and with as many threads as cores it kept only 1.25 of 2 cores
+# busy; with twice as many it keeps ~1.55 busy, and rounds take less time at the same CPU
+# seconds (docs/ENGINEERING_NOTES.md, "Rounds close to the compute").
+DEFAULT_WORKER_ENV = {'MALLOC_ARENA_MAX': '2',
+                      'TF_NUM_INTEROP_THREADS': str(2 * schedulable_cores())}
 _worker_env: dict[str, str] = dict(DEFAULT_WORKER_ENV)
 # The context `configure_execution_context` installed and its executor factory, which
 # `restart_local_worker` needs to close every executor before it stops the worker.
@@ -84,6 +100,17 @@ def rss_mib(pid: int) -> float:
   except OSError:
     pass
   return float('nan')
+
+
+def cpu_seconds(pid: int) -> float:
+  """CPU seconds (user + system) process `pid` has used so far; nan if it is gone. For the
+  benchmarks' CPU figures of a run and its worker."""
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      fields = f.read().rsplit(')', 1)[1].split()
+  except OSError:
+    return float('nan')
+  return (int(fields[11]) + int(fields[12])) / os.sysconf('SC_CLK_TCK')
 
 
 def worker_pids(parent_pid: int | None = None) -> list[int]:
@@ -372,8 +399,9 @@ def configure_execution_context(*, max_concurrent_computation_calls: int = -1,
   count, which Poisson sampling draws almost every round (see `tff_dp.execution.executor_cache`).
 
   `worker_env`: environment variables the worker is started with, on top of this process's
-  (which win where both set one); None: `DEFAULT_WORKER_ENV` (glibc malloc limited to two arenas,
-  which keeps the worker's RSS flat over long runs), {} for none.
+  (which win where both set one); None: `DEFAULT_WORKER_ENV` (glibc malloc limited to two
+  arenas, which keeps the worker's RSS flat over long runs, and TensorFlow's inter-op pool at
+  twice the cores, which keeps them busy), {} for none.
 
   `client_slices` > 1 runs a round's clients in that many slices one after the other on the
   same worker, through TFF's mergeable-computation context (`num_subrounds`; the context
