@@ -4,7 +4,8 @@
 `worker_binary` processes (start one per host with `python -m tff_dp.worker --port 8000`):
 
 - per worker, the async execution context TFF's own local C++ context is made of: a
-  `tff.framework.RemoteExecutor` over a `tff.framework.RemoteExecutorGrpcStub`, compiled with
+  `tff.framework.RemoteExecutor` over a `tff.framework.RemoteExecutorGrpcStub` (its values
+  serialized in place, `value_transfer`), compiled with
   `tff.backends.native.desugar_and_transform_to_native`;
 - over all of them, `tff.backends.native.create_mergeable_comp_execution_context`: TFF compiles
   each computation to MergeableCompForm, runs `up_to_merge` on every worker with a contiguous
@@ -36,6 +37,7 @@ from tensorflow_federated.python.core.environments.tensorflow_frontend import te
 from tensorflow_federated.python.common_libs import async_utils
 
 from tff_dp.execution import executor_cache
+from tff_dp.execution import value_transfer
 from tff_dp.execution.worker_addresses import parse_workers  # noqa: F401  (re-exported)
 from tff_dp.errors import UserInputError
 
@@ -179,8 +181,8 @@ def _worker_context(address: str, unavailable_timeout: float, rpc_timeout: Optio
   # Bounded: TFF's factory would leave an executor per client count on the worker for good
   # (see tff_dp.execution.executor_cache); a worker's slice of a Poisson round varies every round.
   return _ThreadedWorkerContext(tff.framework.AsyncExecutionContext(
-      executor_fn=executor_cache.BoundedExecutorFactory(
-          tff.framework.ResourceManagingExecutorFactory(stack_fn)),
+      executor_fn=value_transfer.InPlaceValueFactory(executor_cache.BoundedExecutorFactory(
+          tff.framework.ResourceManagingExecutorFactory(stack_fn))),
       compiler_fn=tff.backends.native.desugar_and_transform_to_native,
       transform_args=tensorflow_computation.transform_args,
       transform_result=tensorflow_computation.transform_result))

@@ -397,6 +397,8 @@ def configure_execution_context(*, max_concurrent_computation_calls: int = -1,
   its executor factory keeps at most `max_executors` per-cardinality executors alive on the
   worker (default `executor_cache.DEFAULT_MAX_EXECUTORS`); TFF's would leak one per new client
   count, which Poisson sampling draws almost every round (see `tff_dp.execution.executor_cache`).
+  Values are sent to the worker serialized in place (`tff_dp.execution.value_transfer`: TFF's
+  serializer copies a tensor about three times per struct level around it).
 
   `worker_env`: environment variables the worker is started with, on top of this process's
   (which win where both set one); None: `DEFAULT_WORKER_ENV` (glibc malloc limited to two
@@ -415,6 +417,7 @@ def configure_execution_context(*, max_concurrent_computation_calls: int = -1,
   from tensorflow_federated.python.core.environments.tensorflow_frontend import (
       tensorflow_computation)
   from tff_dp.execution import executor_cache
+  from tff_dp.execution import value_transfer
   global _worker_env, _installed_context, _installed_factory
   shutdown_workers()
   _worker_env = dict(DEFAULT_WORKER_ENV if worker_env is None else worker_env)
@@ -426,18 +429,19 @@ def configure_execution_context(*, max_concurrent_computation_calls: int = -1,
       max_executors or executor_cache.DEFAULT_MAX_EXECUTORS)
   if client_slices < 1:
     raise ValueError(f'client_slices must be >= 1, got {client_slices}')
+  executor_fn = value_transfer.InPlaceValueFactory(factory)
   if client_slices > 1:
     context = (
         tff.backends.native.create_mergeable_comp_execution_context(
             [tff.framework.AsyncExecutionContext(
-                executor_fn=factory,
+                executor_fn=executor_fn,
                 compiler_fn=tff.backends.native.desugar_and_transform_to_native,
                 transform_args=tensorflow_computation.transform_args,
                 transform_result=tensorflow_computation.transform_result)],
             num_subrounds=client_slices))
   else:
     context = tff.framework.SyncExecutionContext(
-        executor_fn=factory,
+        executor_fn=executor_fn,
         compiler_fn=tff.backends.native.desugar_and_transform_to_native,
         transform_args=tensorflow_computation.transform_args,
         transform_result=tensorflow_computation.transform_result)
