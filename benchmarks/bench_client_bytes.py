@@ -34,6 +34,7 @@ import bench_common  # noqa: E402  (its loopback worker helper)
 import tasks  # noqa: E402
 from tasks import synthetic_data  # noqa: E402
 from tff_dp.execution import distributed  # noqa: E402
+from tff_dp.run_format import console  # noqa: E402
 from tff_dp.training import config as config_lib  # noqa: E402
 from tff_dp.training import experiment  # noqa: E402
 
@@ -81,7 +82,7 @@ def _measure(task, counter, root, name, rounds, clients, on_workers):
   snapshots = []
 
   def log(line):
-    if line.startswith('round ') or line.startswith('run directory:'):
+    if console.parse_round_line(line) is not None or line.startswith('run directory:'):
       snapshots.append(counter.snapshot())
 
   cfg = config_lib.ExperimentConfig.from_settings(

@@ -1,7 +1,6 @@
 """Pieces every round-time benchmark shares: the clients, the FedAvg process, the timed loop."""
 
 import os
-import re
 import socket
 import statistics
 import subprocess
@@ -12,6 +11,11 @@ from typing import Optional
 import portpicker
 
 import tensorflow_federated as tff
+
+from tff_dp.run_format import console
+
+# The repository: the working directory of the command lines run here, and the workers' path.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def first_client_datasets(task, clients: int) -> list:
@@ -50,22 +54,18 @@ def interleaved_median_seconds(processes: dict, states: dict, data, rounds: int)
   return {k: statistics.median(v) for k, v in times.items()}
 
 
-_ROUND_LINE = re.compile(r'^round\s+(\d+)/')
-
-
 def run_command_rounds(cmd: list, env: dict, on_round) -> tuple[int, list[str]]:
   """Runs the `run_experiment.py` command line `cmd` to its end, calling `on_round(pid, round)`
   at each round's console line (the line comes after the round's outputs are written); returns
   its exit code and its last 15 lines of output."""
   tail = []
   with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                        env=env, cwd=os.path.dirname(os.path.dirname(
-                            os.path.abspath(__file__)))) as proc:
+                        env=env, cwd=ROOT) as proc:
     for line in proc.stdout:
       tail = (tail + [line.rstrip()])[-15:]
-      m = _ROUND_LINE.match(line)
-      if m:
-        on_round(proc.pid, int(m.group(1)))
+      round_line = console.parse_round_line(line)
+      if round_line is not None:
+        on_round(proc.pid, round_line.round_num)
   return proc.returncode, tail
 
 
@@ -76,8 +76,7 @@ def start_worker(core: Optional[int] = None) -> tuple[subprocess.Popen, str]:
   command = [sys.executable, '-m', 'tff_dp.worker', f'--port={port}']
   if core is not None:
     command = ['taskset', '-c', str(core)] + command
-  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  proc = subprocess.Popen(command, env=dict(os.environ, PYTHONPATH=repo),
+  proc = subprocess.Popen(command, env=dict(os.environ, PYTHONPATH=ROOT),
                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   for _ in range(600):
     if proc.poll() is not None:

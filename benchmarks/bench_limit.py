@@ -52,6 +52,7 @@ from tff_dp.execution import runtime  # noqa: E402
 
 runtime.manage_workers()   # No TFF worker outlives the benchmark.
 from tff_dp import choices  # noqa: E402
+from tff_dp.run_format import console  # noqa: E402
 from tff_dp.training import config as config_lib  # noqa: E402
 from tff_dp.training import experiment  # noqa: E402
 
@@ -220,7 +221,7 @@ def bench(task_name: str, clients: int, repetitions: int, arms: list, warmup: in
   rounds = [0]
 
   def log(line):
-    if not line.startswith('round '):
+    if console.parse_round_line(line) is None:
       return
     i = rounds[0]
     if i >= warmup:

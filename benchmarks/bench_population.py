@@ -39,6 +39,7 @@ sys.path.insert(0, ROOT)
 import bench_args  # noqa: E402  (no TensorFlow)
 
 from tasks import synthetic_data  # noqa: E402  pylint: disable=wrong-import-position
+from tff_dp.run_format import console  # noqa: E402  (imports no TensorFlow)
 
 _FAMILY = {'emnist': 'emnist', 'stackoverflow_tag': 'stackoverflow',
            'stackoverflow_word': 'stackoverflow'}
@@ -119,7 +120,7 @@ def run_one(task: str, data_dir: str, args, out_root: str) -> dict:
   tail = []
   for line in proc.stdout:
     tail = (tail + [line.rstrip()])[-15:]
-    if first_round is None and line.lstrip().startswith('round') and '/' in line.split()[1]:
+    if first_round is None and console.parse_round_line(line) is not None:
       first_round = time.perf_counter() - start
       print(f'  [{name}] first round after {first_round:.1f} s: {line.strip()}', flush=True)
   rc = proc.wait()

@@ -20,7 +20,6 @@ Usage: python benchmarks/bench_scaling.py [--clients 10,100,500] [--tasks emnist
 import argparse
 import math
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -34,8 +33,8 @@ sys.path.insert(0, ROOT)
 import bench_args  # noqa: E402  (no TensorFlow)
 
 from tff_dp.execution import runtime  # noqa: E402  (/proc helpers only; imports no TensorFlow)
+from tff_dp.run_format import console  # noqa: E402  (imports no TensorFlow)
 
-_ROUND_SECONDS = re.compile(r'^round\s+(\d+)/\d+.*\s(\d+\.\d+)s\s*$')
 # Examples per client of the generated caches: a StackOverflow client of the real dataset has a
 # median of ~30 sentences, EMNIST ~200 characters; fewer here keep a 500-client round in minutes.
 _EXAMPLES_PER_CLIENT = {'emnist': 40, 'stackoverflow_word': 10}
@@ -98,9 +97,9 @@ def run_cell(task: str, data_dir: str, clients: int, rounds: int, cap: int,
     peak = PeakRss(proc.pid)
     for line in proc.stdout:
       tail = (tail + [line.rstrip()])[-5:]
-      m = _ROUND_SECONDS.match(line)
-      if m:
-        seconds[int(m.group(1))] = float(m.group(2))
+      round_line = console.parse_round_line(line)
+      if round_line is not None and round_line.round_seconds is not None:
+        seconds[round_line.round_num] = round_line.round_seconds
     peak.stop()
   if proc.returncode != 0 or len(seconds) < rounds:
     raise RuntimeError(f'{task} at {clients} clients failed ({proc.returncode}):\n' +

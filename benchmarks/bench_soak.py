@@ -25,7 +25,6 @@ Usage: python benchmarks/bench_soak.py [--rounds 500] [--report_at 50,250,500] [
 import argparse
 import csv
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -38,8 +37,8 @@ sys.path.insert(0, ROOT)
 import bench_args  # noqa: E402  (no TensorFlow)
 
 from tff_dp.execution import runtime  # noqa: E402  (/proc helpers only; imports no TensorFlow)
+from tff_dp.run_format import console  # noqa: E402  (imports no TensorFlow)
 
-_ROUND = re.compile(r'^round\s+(\d+)/')
 TARGET_GROWTH = 0.05
 
 
@@ -86,12 +85,12 @@ def main():
   with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                         env=env, cwd=ROOT) as proc:
     for line in proc.stdout:
-      m = _ROUND.match(line)
-      if not m:
+      round_line = console.parse_round_line(line)
+      if round_line is None:
         if 'error' in line.lower():
           print(line.rstrip(), flush=True)
         continue
-      r = int(m.group(1))
+      r = round_line.round_num
       workers = runtime.worker_pids(proc.pid)
       samples[r] = (runtime.rss_mib(proc.pid), runtime.rss_mib(workers[0]) if workers else float('nan'))
       worker_of_round[r] = workers[0] if workers else None

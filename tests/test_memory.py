@@ -15,7 +15,6 @@ round's outputs; at that moment the test reads VmRSS of the process and of its w
 import asyncio
 import collections
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import tensorflow_federated as tff
 from tasks import synthetic_data
 from tff_dp.execution import executor_cache
 from tff_dp.execution import runtime
+from tff_dp.run_format import console
 from tff_dp.training.run_state import run_dir as run_dir_lib
 from run_helpers import script
 from run_helpers import script_env
@@ -37,7 +37,6 @@ _WARM_UP = 20        # Rounds left out of the fit: caches, executors and the all
 _WORDS, _TAGS = 4000, 100   # 400k weights: the program state (weights, momentum, EMA, past-3)
                             # is ~10 MB, so a leak of part of it per checkpoint shows.
 _MAX_SLOPE = 3.0     # MiB per round (see the measurements at the assertions)
-_ROUND = re.compile(r'^round\s+(\d+)/')
 
 
 class _FakeFactory(tff.framework.ExecutorFactory):
@@ -179,12 +178,12 @@ def test_long_run_memory_does_not_grow_per_round(tmp_path):
     output = []
     for line in proc.stdout:
       output.append(line)
-      m = _ROUND.match(line)
-      if m:
+      round_line = console.parse_round_line(line)
+      if round_line is not None:
         workers = runtime.worker_pids(proc.pid)
         if workers and worker_env is None:
           worker_env = _environ(workers[0])
-        samples[int(m.group(1))] = (runtime.rss_mib(proc.pid),
+        samples[round_line.round_num] = (runtime.rss_mib(proc.pid),
                                     runtime.rss_mib(workers[0]) if workers else None)
   assert proc.returncode == 0, ''.join(output[-20:])
   assert worker_env is not None and worker_env.get('MALLOC_ARENA_MAX') == '2', worker_env

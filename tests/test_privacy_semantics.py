@@ -18,6 +18,7 @@ import run_experiment
 from tff_dp import errors
 from tff_dp import ledger as ledger_lib
 from tff_dp import sampling
+from tff_dp.run_format import console
 from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
 from run_helpers import metrics_rows
@@ -165,7 +166,7 @@ def test_private_release_writes_and_prints_no_diagnostic(task, tmp_path):
           'aggregator/clip'} <= columns
   # TensorBoard events carry wall-clock times: none are written.
   assert not os.path.exists(os.path.join(run_dir, 'tensorboard'))
-  round_lines = [l for l in lines if l.startswith('round ')]
+  round_lines = [l for l in lines if console.parse_round_line(l) is not None]
   assert len(round_lines) == 3
   assert not any('clients' in l or 'loss' in l or l.rstrip().endswith('s') for l in round_lines)
   with open(os.path.join(run_dir, 'summary.json')) as f:

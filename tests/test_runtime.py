@@ -97,9 +97,13 @@ def test_sigkilled_coordinator_takes_its_worker_with_it(tmp_path):
   assert not runtime._alive(workers[0])
 
 
-def test_a_worker_killed_between_fork_and_start_is_started_again(tmp_path):
+def test_a_worker_killed_between_fork_and_start_is_started_again(tmp_path, monkeypatch):
   """A child that dies by a signal right after its fork (a CI run saw one abort before exec)
   is reaped and started again, instead of being handed to TFF as a live worker."""
+  # The window widened under test: on a loaded machine `sh` may not reach its `kill` within
+  # the 50 ms a real worker's start-up is watched (a CI run failed so), and the test is about
+  # what happens to a child that dies inside the window, not about the window's length.
+  monkeypatch.setattr(runtime, '_BIRTH_SECONDS', 2.0)
   marker = tmp_path / 'born_once'
   command = ['sh', '-c', f'if [ -e {marker} ]; then exec sleep 30; fi; '
                          f'touch {marker}; kill -ABRT $$']

@@ -8,6 +8,7 @@ nothing here imports TensorFlow.
 * `release`: every file a run can write, and its class.
 * `columns`: every metrics column: meaning, unit, role, class.
 * `metrics_csv`: metrics.csv, written and read.
+* `console`: the console's line per round, its first and last fields and how tools read it.
 """
 
 import os

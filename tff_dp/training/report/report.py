@@ -8,6 +8,7 @@ from tff_dp import checkpoint_aggregation
 from tff_dp import mechanisms
 from tff_dp.accounting import guarantee
 from tff_dp.run_format import columns
+from tff_dp.run_format import console
 from tff_dp.run_format import release
 from tff_dp.training.builders import components
 from tff_dp.training.builders import evaluation
@@ -19,8 +20,9 @@ from tff_dp.training.run_state import run_dir as run_dir_lib
 
 
 def console_line(row: Mapping[str, Any], total_rounds: int) -> str:
-  """One line per round: round, clients, loss, accuracy, clip(s), epsilons, eval, time."""
-  parts = [f'round {row["round"]:>4d}/{total_rounds}']
+  """One line per round: round, clients, loss, accuracy, clip(s), epsilons, eval, time (its
+  first and last fields, and how tools read it back: `run_format.console`)."""
+  parts = [console.round_field(row['round'], total_rounds)]
   if 'num_clients' in row:
     parts.append(f'clients {row["num_clients"]:>3d}')
   if 'train_loss' in row:
@@ -46,7 +48,7 @@ def console_line(row: Mapping[str, Any], total_rounds: int) -> str:
   if 'eval_accuracy' in row:
     parts.append(f'eval_acc {row["eval_accuracy"]:.4f}')
   if 'round_seconds' in row:
-    parts.append(f'{row["round_seconds"]:.2f}s')
+    parts.append(console.seconds_field(row['round_seconds']))
   return '  '.join(parts)
 
 
