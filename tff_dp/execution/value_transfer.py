@@ -75,7 +75,8 @@ class InPlaceValues(executor_base.Executor):
 
   Uses the remote executor's stub and executor id (`_stub`, `_executor_id`), which TFF 0.87
   keeps private: its `create_value` is the one step replaced, and the rest of its protocol
-  (cardinalities, disposal, retries of the calls) stays TFF's.
+  (cardinalities, disposal, retries of the calls) stays TFF's. A struct is sent in one request
+  even if the remote executor was made with `stream_structs=True` (no context here makes one).
   """
 
   def __init__(self, remote: remote_executor.RemoteExecutor):
@@ -83,8 +84,7 @@ class InPlaceValues(executor_base.Executor):
 
   async def create_value(self, value, type_spec: Optional[tff.types.Type] = None):
     remote = self._remote
-    if not isinstance(type_spec, (tff.StructType, tff.FederatedType)) or (
-        remote._stream_structs):   # pylint: disable=protected-access
+    if not isinstance(type_spec, (tff.StructType, tff.FederatedType)):
       return await remote.create_value(value, type_spec)
     remote._check_has_executor_id()   # pylint: disable=protected-access
     request = executor_pb2.CreateValueRequest(
