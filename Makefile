@@ -49,8 +49,10 @@ demo: setup $(DEMO_DATA)/emnist_all.sqlite
 # (TFF tracing, TensorFlow imports, SQLite), and with one worker per core the cores still sat
 # idle 13% of the time (tests waiting on signals, killed workers, time-outs); a third worker
 # fills that (docs/BENCHMARKS.md, "The test suite's time"). Each file runs whole on one worker
-# (--dist loadfile), so a module's fixtures are built once. TEST_WORKERS=0 runs the suite in
-# this process (one worker's memory, e.g. beside another job).
+# (--dist loadfile), so a module's fixtures are built once; pytest-xdist 3.8 hands the files out
+# by their number of tests, most first (its --loadscope-reorder default), whatever their order
+# of collection. TEST_WORKERS=0 runs the suite in this process (one worker's memory, e.g.
+# beside another job).
 TEST_WORKERS ?= 3
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 test: setup

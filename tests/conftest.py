@@ -21,20 +21,6 @@ runtime.manage_workers()
 gc_thresholds.use_for_a_program()   # As run_experiment.py: the collector's share of tracing.
 
 
-# pytest-xdist (`make test`: --dist loadfile) hands whole files to its workers in collection
-# order, each to the next free worker. The longest files go first (longest processing time
-# first), so that no worker is still running a long file after the others have run out of work.
-# The order is by the suite's measured durations (`--durations=0`), longest first.
-_LONGEST_FILES_FIRST = ('test_benchmarks.py', 'test_reproduce.py', 'test_end_to_end.py',
-                        'test_ftrl.py', 'test_canary_runs.py', 'test_faults.py',
-                        'test_distributed.py', 'test_memory.py', 'test_correlated_noise.py')
-
-
-def pytest_collection_modifyitems(items):
-  rank = {name: i for i, name in enumerate(_LONGEST_FILES_FIRST)}
-  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # Stable: else unchanged.
-
-
 @pytest.fixture(scope='session', autouse=True)
 def _stop_tff_workers_at_session_end():
   yield
