@@ -9,6 +9,8 @@ import os
 import sys
 import uuid
 
+from tff_dp.run_format import console   # No TensorFlow.
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -163,3 +165,9 @@ def kept_figures(monkeypatch) -> list:
     return fig, ax
   monkeypatch.setattr(plot_axes, 'new_axes', recording)
   return kept
+
+
+def round_of(line: str):
+  """The round of a round's console line (`run_format.console`); None for any other line."""
+  round_line = console.parse_round_line(line)
+  return None if round_line is None else round_line.round_num

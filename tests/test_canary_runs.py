@@ -26,13 +26,13 @@ from tff_dp import ledger as ledger_lib
 from tff_dp import mechanisms
 from tff_dp.aggregators import noise_feed
 from tff_dp.canaries import insertion
-from tff_dp.run_format import console
 from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
 from tff_dp.training.builders import adadps_setup
 from tff_dp.training.builders import fed_avg
 from tff_dp.training.run_state import stop_signal
 from run_helpers import metrics_rows
+from run_helpers import round_of
 
 CLIP, CLIENTS_PER_ROUND = 0.5, 4.0
 
@@ -214,8 +214,7 @@ def test_a_resumed_run_gives_the_same_estimates_as_an_uninterrupted_one(emnist, 
   stop = stop_signal.StopSignal(_silent)
 
   def stop_after_round_2(line):
-    round_line = console.parse_round_line(line)
-    if round_line is not None and round_line.round_num == 2:
+    if round_of(line) == 2:
       stop.received = signal.SIGTERM   # As a SIGTERM after round 2 would.
   interrupted = experiment.run(_config(tmp_path, 'split', **settings), emnist,
                                log=stop_after_round_2, stop=stop)

@@ -13,12 +13,12 @@ import pytest
 
 from tff_dp import errors
 from tff_dp import ledger as ledger_lib
-from tff_dp.run_format import console
 from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
 from tff_dp.training.run_state import privacy_recorder
 from tff_dp.training.run_state import stop_signal
 from run_helpers import metrics_rows
+from run_helpers import round_of
 
 POPULATION = 20   # conftest's tag_task.
 Q, Z, DELTA = 0.1, 1.0, 1e-3
@@ -55,12 +55,6 @@ def _seed_holders_epsilon(rounds):
   return acc.compose(dp_accounting.GaussianDpEvent(Z / rounds ** 0.5)).get_epsilon(DELTA)
 
 
-def _round_of(line):
-  """The round of a round's console line (None for any other line)."""
-  round_line = console.parse_round_line(line)
-  return None if round_line is None else round_line.round_num
-
-
 def _ledger_rounds(run_dir):
   return [r.round_num for r in ledger_lib.read_ledger(os.path.join(run_dir, 'ledger.jsonl'))]
 
@@ -87,7 +81,7 @@ def test_second_signal_keeps_the_completed_rounds(task, tmp_path):
   stop = stop_signal.StopSignal(lambda line: None)
 
   def log(line):   # A second Ctrl-C arriving as round 3's outputs are released.
-    if _round_of(line) == 3:
+    if round_of(line) == 3:
       stop.received = signal.SIGINT
       raise KeyboardInterrupt
 
@@ -107,7 +101,7 @@ def test_seeded_round_reexecuted_after_a_crash_is_one_sample_released_twice(task
     pass
 
   def log(line):   # The process dies after releasing round 3, before any checkpoint.
-    if _round_of(line) == 3:
+    if round_of(line) == 3:
       raise Crash
 
   with pytest.raises(Crash):
