@@ -8,6 +8,7 @@ final report `report.py`.
 
 import contextlib
 import dataclasses
+import threading
 import time
 from typing import Any, Mapping, Optional
 
@@ -87,7 +88,7 @@ class _Rounds:
       # `resume` re-executes nothing that was released.
       raise errors.RunInterrupted(
           self.stop.received, f'aborted by a second {self.stop.name}: '
-          f'{self._kept_rounds()}') from e
+          f'{_in_a_new_thread(self._kept_rounds)}') from e
 
   def _run_rounds(self) -> components.RunSummary:
     config, progress = self.config, self.progress
@@ -218,6 +219,31 @@ def _split_sample(hooks, sampled) -> tuple[list, list[list]]:
     client_ids, own = hook.split_sample(client_ids)
     own_ids.append(own)
   return client_ids, own_ids
+
+
+def _in_a_new_thread(fn):
+  """fn()'s result (or its exception), computed in a thread of its own.
+
+  An abort is raised wherever this thread was, which can be halfway through TensorFlow's
+  bookkeeping of a function being traced (a client's `tf.data` map, say): this thread's graph
+  stack is then left inside that function, where a checkpoint cannot be written
+  (`tf.saved_model.save` refuses, and a variable's assign would only add a graph op). TensorFlow
+  keeps that stack per thread, so a new thread starts eager.
+  """
+  outcome = {}
+
+  def call():
+    try:
+      outcome['result'] = fn()
+    except BaseException as e:  # pylint: disable=broad-except
+      outcome['error'] = e
+
+  thread = threading.Thread(target=call, name='tff_dp-abort-checkpoint')
+  thread.start()
+  thread.join()
+  if 'error' in outcome:
+    raise outcome['error']
+  return outcome['result']
 
 
 def _add_training_metrics(metrics, row: dict[str, Any]) -> None:
