@@ -106,7 +106,7 @@ def _cli(args, log_path):
 def test_killed_run_resumes_with_identical_epsilon_curve(dp, data_dir, tmp_path):
   common = ['--task=emnist', '--emnist_only_digits', f'--data_dir={data_dir}',
             f'--dp={dp}', '--clip=0.5', '--noise_multiplier=0.2', '--clients_per_round=5',
-            '--clipped_count_stddev=1.0', '--total_rounds=5', '--max_eval_examples=100',
+            '--clipped_count_stddev=1.0', '--total_rounds=4', '--max_eval_examples=100',
             '--client_batch_size=10', '--max_elements_per_client=40', '--delta=1e-4',
             '--rounds_per_checkpoint=1', '--pld_every=1', f'--root_output_dir={tmp_path}']
   code, out, err = main_in_process('run_experiment.py', common + ['--experiment_name=full'])
@@ -128,14 +128,14 @@ def test_killed_run_resumes_with_identical_epsilon_curve(dp, data_dir, tmp_path)
     except ProcessLookupError:
       pass
   rows_at_kill = len(metrics_rows(tmp_path / 'killed'))
-  assert 2 <= rows_at_kill < 5
+  assert 2 <= rows_at_kill < 4
 
   code, out, err = main_in_process('run_experiment.py',
                                    common + ['--experiment_name=killed', '--resume'])
   assert code == 0, (tmp_path / 'killed.log').read_text() + out[-2000:] + err[-2000:]
 
   full_rows, resumed_rows = metrics_rows(tmp_path / 'full'), metrics_rows(tmp_path / 'killed')
-  assert [int(r['round']) for r in resumed_rows] == [1, 2, 3, 4, 5]
+  assert [int(r['round']) for r in resumed_rows] == [1, 2, 3, 4]
   for key in ('epsilon_rdp', 'epsilon_pld'):
     resumed_eps = [float(r[key]) for r in resumed_rows]
     full_eps = [float(r[key]) for r in full_rows]
@@ -148,7 +148,7 @@ def test_killed_run_resumes_with_identical_epsilon_curve(dp, data_dir, tmp_path)
       # last float32 bits: equal to that resolution.
       assert resumed_eps == pytest.approx(full_eps, rel=2e-5)
   records = ledger_lib.read_ledger(str(tmp_path / 'killed' / 'ledger.jsonl'))
-  assert [r.round_num for r in records] == [1, 2, 3, 4, 5]
+  assert [r.round_num for r in records] == [1, 2, 3, 4]
   # The replayed ledger gives the same curve as the one reported during the run.
   curve = accountant_lib.epsilon_curve(records, delta=1e-4, methods=('rdp',))
   assert [c['epsilon_rdp'] for c in curve] == pytest.approx(
