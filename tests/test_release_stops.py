@@ -6,18 +6,23 @@ Oracles: dp_accounting composed in the test from the run's hyperparameters.
 """
 
 import contextlib
+import glob
 import os
 import signal
 
 import dp_accounting
+import numpy as np
 import pytest
 from tensorflow.python.framework import func_graph   # The graph a traced function builds.
 
 from tff_dp import errors
 from tff_dp import ledger as ledger_lib
+from tff_dp.run_format import release
 from tff_dp.training import config as config_lib
 from tff_dp.training import experiment
+from tff_dp.training.run_state import checkpointing
 from tff_dp.training.run_state import privacy_recorder
+from tff_dp.training.run_state import run_dir as run_dir_lib
 from tff_dp.training.run_state import stop_signal
 from run_helpers import metrics_rows
 from run_helpers import round_of
@@ -101,6 +106,55 @@ def test_second_signal_keeps_the_completed_rounds(task, tmp_path):
   assert _ledger_rounds(summary.run_dir) == [1, 2, 3, 4, 5, 6]
   assert summary.privacy['epsilon_if_seed_secret']['rdp'] == pytest.approx(
       _epsilon(*[Z] * 6), rel=1e-6)
+
+
+@pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
+def test_a_second_signal_after_the_round_hooks_writes_no_mixed_checkpoint(task, tmp_path,
+                                                                          monkeypatch):
+  """A second Ctrl-C as round 3 is released, after its hooks took it in (the EMA updated, the
+  model evaluated), round 2 not checkpointed: a checkpoint of round 2 would hold round 3's EMA,
+  and a resume would take round 3 into it twice. None is written, the stop says so, and
+  `resume` restarts from the last checkpoint (none: round 1) and counts what it re-executes."""
+  stop = stop_signal.StopSignal(lambda line: None)
+  released_row = release.released_row
+
+  def cut(row, facts):
+    if row['round'] == 3:
+      stop.received = signal.SIGINT
+      raise KeyboardInterrupt
+    return released_row(row, facts)
+
+  monkeypatch.setattr(release, 'released_row', cut)
+  with pytest.raises(errors.RunInterrupted, match='could not all be checkpointed') as raised:
+    _run(task, tmp_path, 'hooks', stop=stop, ema_beta=0.9, rounds_per_eval=1)
+  assert 'resume` restarts after round 0' in str(raised.value)
+  assert not glob.glob(str(tmp_path / 'hooks' / '**' / 'round_*'), recursive=True)
+  monkeypatch.setattr(release, 'released_row', released_row)
+  summary = _run(task, tmp_path, 'hooks', ema_beta=0.9, rounds_per_eval=1, resume=True)
+  assert [int(r['round']) for r in metrics_rows(summary.run_dir)] == [1, 2, 3, 4, 5, 6]
+  # Rounds 1-2 ran twice and count twice; round 3 released nothing before the resume.
+  assert _ledger_rounds(summary.run_dir) == [1, 2, 1, 2, 3, 4, 5, 6]
+
+
+def test_a_checkpoint_a_second_signal_cut_after_its_write_is_kept(tmp_path):
+  """The stop's checkpoint of the last completed round, cut short by a second signal after its
+  atomic rename (while older checkpoints were removed): the abort's attempt to write that round
+  again finds it complete and keeps it (TFF refuses to write a round twice; that refusal used to
+  end the run in a traceback, the round unrecorded as checkpointed)."""
+  run = run_dir_lib.RunDirectory(str(tmp_path), 'cut', resume=False)
+  run.create(tensorboard=False)
+  state = {'weights': np.arange(3, dtype=np.float32)}
+  try:
+    checkpointing.save(run, 2, state, [])   # The cut save: written, not yet recorded.
+    progress = checkpointing.Progress(round_num=2, state=state, checkpointed=1)
+    lines = []
+    assert checkpointing.save_completed_rounds(run, [], progress, lines.append)
+    assert progress.checkpointed == 2 and lines == []
+    loaded = checkpointing.load_latest(run, state, [])
+  finally:
+    run.close()
+  assert int(loaded['round_num']) == 2
+  np.testing.assert_array_equal(loaded['state']['weights'], state['weights'])
 
 
 @pytest.mark.slow   # An end-to-end run: not in `make test-fast`.

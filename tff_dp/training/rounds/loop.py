@@ -143,6 +143,7 @@ class _Rounds:
         num=round_num, is_last=is_last, is_eval=round_num % config.rounds_per_eval == 0 or is_last,
         trained_state=output.state, state=output.state, row=row,
         weights_fn=lambda: evaluation.flat_model_weights(ca.model_weights(c.process, output.state)))
+    self.progress.hooks_round = round_num   # Before any hook changes: see `Progress`.
     for hook in c.hooks:
       hook.after_round(completed)
     self._release(round_num, completed.state, row, round_start)
@@ -206,7 +207,8 @@ class _Rounds:
       row = release.released_row(row, config.release_facts)
       c.run_dir.metrics.append(row)
       c.run_dir.write_summaries(round_num, row)
-    progress.round_num, progress.state = round_num, state
+    progress.state = state   # Then round_num: an abort between the two writes nothing.
+    progress.round_num = round_num
     if checkpoint_now:
       progress.checkpointed = round_num
     c.log(report.console_line(row, config.total_rounds))

@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
+import tensorflow_federated as tff
 
 from tff_dp.training.run_state import round_hooks
 
@@ -53,6 +54,13 @@ class Progress:
   round_num: int
   state: Any
   checkpointed: int
+  hooks_round: Optional[int] = None   # The last round the round hooks took in (None: round_num).
+
+  def hooks_ahead(self) -> bool:
+    """Whether the round hooks took in a round after `round_num` whose release was cut short:
+    their checkpoint entries (aggregates, recent models, canary statistics) are then no longer
+    those of round `round_num`."""
+    return self.hooks_round is not None and self.hooks_round > self.round_num
 
 
 def save(run_dir, round_num: int, state, hooks: Sequence[round_hooks.RoundHook]) -> None:
@@ -69,8 +77,17 @@ def save_completed_rounds(run_dir, hooks: Sequence[round_hooks.RoundHook], progr
   logged, not raised, since the run is stopping anyway and the earlier checkpoint is intact.
   """
   if progress.round_num > progress.checkpointed:
+    if progress.hooks_ahead():   # Round round_num's hook entries are gone: never mixed.
+      log(f'round {progress.round_num} can no longer be checkpointed: the round hooks took in '
+          f'round {progress.hooks_round}, whose release was cut short; `resume` restarts from '
+          f'round {progress.checkpointed + 1}')
+      return False
     try:
       save(run_dir, progress.round_num, progress.state, hooks)
+      progress.checkpointed = progress.round_num
+    except tff.program.ProgramStateExistsError:
+      # Written by a save that a second signal cut short after its (atomic) rename, as it
+      # removed older checkpoints: complete, so kept (TFF refuses to write a round twice).
       progress.checkpointed = progress.round_num
     except (OSError, tf.errors.OpError) as e:
       log(f'could not checkpoint round {progress.round_num} ({e}); `resume` restarts from '
