@@ -109,12 +109,18 @@ def test_second_signal_keeps_the_completed_rounds(task, tmp_path):
 
 
 @pytest.mark.slow   # An end-to-end run: not in `make test-fast`.
-def test_a_second_signal_after_the_round_hooks_writes_no_mixed_checkpoint(task, tmp_path,
-                                                                          monkeypatch):
-  """A second Ctrl-C as round 3 is released, after its hooks took it in (the EMA updated, the
-  model evaluated), round 2 not checkpointed: a checkpoint of round 2 would hold round 3's EMA,
-  and a resume would take round 3 into it twice. None is written, the stop says so, and
-  `resume` restarts from the last checkpoint (none: round 1) and counts what it re-executes."""
+@pytest.mark.parametrize('rounds_per_checkpoint', [10, 1])
+def test_a_second_signal_as_a_round_is_released_says_what_resume_does(task, tmp_path,
+                                                                      monkeypatch,
+                                                                      rounds_per_checkpoint):
+  """A second Ctrl-C as round 3's outputs are released, after its hooks took it in (the EMA
+  updated, the model evaluated).
+
+  Round 2 not checkpointed (10): a checkpoint of round 2 would hold round 3's EMA, and a resume
+  would take round 3 into it twice. None is written, the stop says so, and `resume` restarts
+  from the last checkpoint (none: round 1) and counts what it re-executes.
+  Every round checkpointed (1): round 3's checkpoint is written before its outputs, so `resume`
+  continues at round 4, which the stop used to misstate as round 3."""
   stop = stop_signal.StopSignal(lambda line: None)
   released_row = release.released_row
 
@@ -124,16 +130,28 @@ def test_a_second_signal_after_the_round_hooks_writes_no_mixed_checkpoint(task, 
       raise KeyboardInterrupt
     return released_row(row, facts)
 
+  settings = dict(ema_beta=0.9, rounds_per_eval=1, rounds_per_checkpoint=rounds_per_checkpoint)
   monkeypatch.setattr(release, 'released_row', cut)
-  with pytest.raises(errors.RunInterrupted, match='could not all be checkpointed') as raised:
-    _run(task, tmp_path, 'hooks', stop=stop, ema_beta=0.9, rounds_per_eval=1)
-  assert 'resume` restarts after round 0' in str(raised.value)
-  assert not glob.glob(str(tmp_path / 'hooks' / '**' / 'round_*'), recursive=True)
+  with pytest.raises(errors.RunInterrupted) as raised:
+    _run(task, tmp_path, 'hooks', stop=stop, **settings)
+  checkpoints = glob.glob(str(tmp_path / 'hooks' / '**' / 'round_*'), recursive=True)
+  latest = max((int(os.path.basename(c)[len('round_'):]) for c in checkpoints), default=None)
+  assert latest == (None if rounds_per_checkpoint == 10 else 3)
   monkeypatch.setattr(release, 'released_row', released_row)
-  summary = _run(task, tmp_path, 'hooks', ema_beta=0.9, rounds_per_eval=1, resume=True)
-  assert [int(r['round']) for r in metrics_rows(summary.run_dir)] == [1, 2, 3, 4, 5, 6]
-  # Rounds 1-2 ran twice and count twice; round 3 released nothing before the resume.
-  assert _ledger_rounds(summary.run_dir) == [1, 2, 1, 2, 3, 4, 5, 6]
+  lines = []
+  summary = _run(task, tmp_path, 'hooks', log=lines.append, resume=True, **settings)
+  rows = [int(r['round']) for r in metrics_rows(summary.run_dir)]
+  if rounds_per_checkpoint == 10:
+    assert 'could not all be checkpointed; `resume` restarts after round 0' in str(raised.value)
+    assert any(l.startswith('resuming at round 1 ') for l in lines), lines
+    assert rows == [1, 2, 3, 4, 5, 6]
+    # Rounds 1-2 ran twice and count twice; round 3 released nothing before the resume.
+    assert _ledger_rounds(summary.run_dir) == [1, 2, 1, 2, 3, 4, 5, 6]
+  else:
+    assert '`resume` continues at round 4' in str(raised.value), raised.value
+    assert 'resuming at round 4' in lines, lines
+    assert rows == [1, 2, 4, 5, 6]
+    assert _ledger_rounds(summary.run_dir) == [1, 2, 3, 4, 5, 6]   # Each round once.
 
 
 def test_a_checkpoint_a_second_signal_cut_after_its_write_is_kept(tmp_path):

@@ -112,7 +112,12 @@ class _Rounds:
 
   def _kept_rounds(self) -> str:
     """Checkpoints the last completed round (if it was not) and says what a resume does."""
-    done = self.progress.round_num
+    done, checkpointed = self.progress.round_num, self.progress.checkpointed
+    if checkpointed > done:   # An abort between a round's checkpoint and its outputs.
+      return (f'rounds 1-{done} are kept, and round {checkpointed}\'s checkpoint was written '
+              f'before its outputs were cut short: `resume` continues at round '
+              f'{checkpointed + 1}, and round {checkpointed} has no metrics row (its ledger '
+              'record stays counted)')
     if checkpointing.save_completed_rounds(self.c.run_dir, self.c.hooks, self.progress,
                                            self.c.log):
       return (f'rounds 1-{done} are kept (checkpoint, ledger and metrics agree); `resume` '
@@ -202,6 +207,7 @@ class _Rounds:
       if checkpoint_now:
         # Before any output of the round is released (see resume.reconcile_ledger).
         checkpointing.save(c.run_dir, round_num, state, c.hooks)
+        progress.checkpointed = round_num   # Now: a resume continues after this round.
       # Whole round: sampling, data, TFF round, ledger, accounting, hooks, checkpoint.
       row['wall_seconds'] = time.perf_counter() - round_start
       row = release.released_row(row, config.release_facts)
@@ -209,8 +215,6 @@ class _Rounds:
       c.run_dir.write_summaries(round_num, row)
     progress.state = state   # Then round_num: an abort between the two writes nothing.
     progress.round_num = round_num
-    if checkpoint_now:
-      progress.checkpointed = round_num
     c.log(report.console_line(row, config.total_rounds))
 
 

@@ -50,7 +50,8 @@ def load_latest(run_dir, initial_state, hooks: Sequence[round_hooks.RoundHook]
 
 @dataclasses.dataclass
 class Progress:
-  """The last completed round, its state, and the last round with a checkpoint."""
+  """The last completed round, its state, and the last round with a checkpoint (one more than
+  `round_num` while that round's outputs are being released)."""
   round_num: int
   state: Any
   checkpointed: int
