@@ -316,6 +316,7 @@ def _reproduce_smoke_tables(tmp_path, arms_by_table):
   pairs = [(a, a.replace('last_iterate', 'train_on_ema')) for a in recycling_arms
            if a.endswith('last_iterate') and
            a.replace('last_iterate', 'train_on_ema') in recycling_arms]
+  assert pairs or recycling_arms != _all_arms(_RECYCLING)   # Every arm: the pairs are there.
   rows = _table_rows(tmp_path / f'{_RECYCLING}-smoke' / 'results.md') if pairs else {}
   for last_iterate, train_on_ema in pairs:
     assert rows[last_iterate][7] == rows[train_on_ema][7]
