@@ -6,9 +6,9 @@ Resuming is `resume.py`, the checkpoint layout `checkpointing.py`, the console l
 final report `report.py`.
 """
 
+import concurrent.futures
 import contextlib
 import dataclasses
-import threading
 import time
 from typing import Any, Mapping, Optional
 
@@ -236,20 +236,9 @@ def _in_a_new_thread(fn):
   (`tf.saved_model.save` refuses, and a variable's assign would only add a graph op). TensorFlow
   keeps that stack per thread, so a new thread starts eager.
   """
-  outcome = {}
-
-  def call():
-    try:
-      outcome['result'] = fn()
-    except BaseException as e:  # pylint: disable=broad-except
-      outcome['error'] = e
-
-  thread = threading.Thread(target=call, name='tff_dp-abort-checkpoint')
-  thread.start()
-  thread.join()
-  if 'error' in outcome:
-    raise outcome['error']
-  return outcome['result']
+  with concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                             thread_name_prefix='tff_dp-abort') as pool:
+    return pool.submit(fn).result()
 
 
 def _add_training_metrics(metrics, row: dict[str, Any]) -> None:
