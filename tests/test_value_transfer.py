@@ -10,6 +10,8 @@ import tensorflow_federated as tff
 from tensorflow_federated.proto.v0 import executor_pb2
 from tensorflow_federated.python.core.impl.executors import value_serialization
 
+from tff_dp.execution import contexts
+from tff_dp.execution import executor_cache
 from tff_dp.execution import runtime
 from tff_dp.execution import value_transfer
 
@@ -103,3 +105,14 @@ def test_rounds_run_on_the_worker_with_their_values_sent_in_place(monkeypatch):
   np.testing.assert_array_equal(total, np.full((2, 3), 6.0, np.float32))
   assert any(isinstance(t, tff.FederatedType) and t.placement is tff.SERVER
              and t.member.is_equivalent_to(_STATE_TYPE) for t in sent)   # The state, in place.
+
+
+def test_a_context_is_built_only_over_a_bounded_executor_factory():
+  """TFF's own factory would keep an executor per client count on the worker for good."""
+  with pytest.raises(TypeError, match='BoundedExecutorFactory'):
+    contexts.native_context(tff.framework.SyncExecutionContext,
+                            tff.framework.local_cpp_executor_factory())
+  context = contexts.native_context(
+      tff.framework.SyncExecutionContext,
+      executor_cache.BoundedExecutorFactory(tff.framework.local_cpp_executor_factory()))
+  assert isinstance(context, tff.framework.SyncExecutionContext)

@@ -32,12 +32,10 @@ from typing import Optional, Sequence
 
 import grpc
 import tensorflow_federated as tff
-# Not re-exported under tff.*: the argument/result transforms TFF's own native contexts use.
-from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation
 from tensorflow_federated.python.common_libs import async_utils
 
+from tff_dp.execution import contexts
 from tff_dp.execution import executor_cache
-from tff_dp.execution import value_transfer
 from tff_dp.execution.worker_addresses import parse_workers  # noqa: F401  (re-exported)
 from tff_dp.errors import UserInputError
 
@@ -180,12 +178,10 @@ def _worker_context(address: str, unavailable_timeout: float, rpc_timeout: Optio
 
   # Bounded: TFF's factory would leave an executor per client count on the worker for good
   # (see tff_dp.execution.executor_cache); a worker's slice of a Poisson round varies every round.
-  return _ThreadedWorkerContext(tff.framework.AsyncExecutionContext(
-      executor_fn=value_transfer.InPlaceValueFactory(executor_cache.BoundedExecutorFactory(
-          tff.framework.ResourceManagingExecutorFactory(stack_fn))),
-      compiler_fn=tff.backends.native.desugar_and_transform_to_native,
-      transform_args=tensorflow_computation.transform_args,
-      transform_result=tensorflow_computation.transform_result))
+  return _ThreadedWorkerContext(contexts.native_context(
+      tff.framework.AsyncExecutionContext,
+      executor_cache.BoundedExecutorFactory(
+          tff.framework.ResourceManagingExecutorFactory(stack_fn))))
 
 
 def install_worker_context(addresses: Sequence[str], *, unavailable_timeout: float = 60.0,
@@ -200,8 +196,8 @@ def install_worker_context(addresses: Sequence[str], *, unavailable_timeout: flo
   if unavailable_timeout <= 0 or (rpc_timeout is not None and rpc_timeout <= 0):
     raise UserInputError('`worker_unavailable_timeout` and `worker_rpc_timeout` must be > 0')
   connect_timeout = min(connect_timeout, unavailable_timeout)
-  contexts = [_worker_context(a, unavailable_timeout, rpc_timeout, connect_timeout,
-                              interceptors) for a in addresses]
-  context = tff.backends.native.create_mergeable_comp_execution_context(contexts)
+  worker_contexts = [_worker_context(a, unavailable_timeout, rpc_timeout, connect_timeout,
+                                     interceptors) for a in addresses]
+  context = tff.backends.native.create_mergeable_comp_execution_context(worker_contexts)
   tff.framework.set_default_context(context)
   return context

@@ -414,10 +414,8 @@ def configure_execution_context(*, max_concurrent_computation_calls: int = -1,
   """
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   # pylint: disable=g-import-not-at-top
-  from tensorflow_federated.python.core.environments.tensorflow_frontend import (
-      tensorflow_computation)
+  from tff_dp.execution import contexts
   from tff_dp.execution import executor_cache
-  from tff_dp.execution import value_transfer
   global _worker_env, _installed_context, _installed_factory
   shutdown_workers()
   _worker_env = dict(DEFAULT_WORKER_ENV if worker_env is None else worker_env)
@@ -429,21 +427,11 @@ def configure_execution_context(*, max_concurrent_computation_calls: int = -1,
       max_executors or executor_cache.DEFAULT_MAX_EXECUTORS)
   if client_slices < 1:
     raise ValueError(f'client_slices must be >= 1, got {client_slices}')
-  executor_fn = value_transfer.InPlaceValueFactory(factory)
   if client_slices > 1:
-    context = (
-        tff.backends.native.create_mergeable_comp_execution_context(
-            [tff.framework.AsyncExecutionContext(
-                executor_fn=executor_fn,
-                compiler_fn=tff.backends.native.desugar_and_transform_to_native,
-                transform_args=tensorflow_computation.transform_args,
-                transform_result=tensorflow_computation.transform_result)],
-            num_subrounds=client_slices))
+    context = tff.backends.native.create_mergeable_comp_execution_context(
+        [contexts.native_context(tff.framework.AsyncExecutionContext, factory)],
+        num_subrounds=client_slices)
   else:
-    context = tff.framework.SyncExecutionContext(
-        executor_fn=executor_fn,
-        compiler_fn=tff.backends.native.desugar_and_transform_to_native,
-        transform_args=tensorflow_computation.transform_args,
-        transform_result=tensorflow_computation.transform_result)
+    context = contexts.native_context(tff.framework.SyncExecutionContext, factory)
   tff.framework.set_default_context(context)
   _installed_context, _installed_factory = context, factory

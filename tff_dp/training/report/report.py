@@ -91,8 +91,7 @@ def _privacy_statement(config: components.LoopConfig, c: components.LoopComponen
   event = c.sampler.sampling_event(max(rounds, 1))
   accountant = c.privacy.accountant
   if accountant is not None:
-    epsilons = {m: accountant.epsilon_rdp() if m == 'rdp' else accountant.epsilon_pld()
-                for m in accountant.methods}
+    epsilons = accountant.epsilon(final=True)
     extra['neighboring_relation'] = accountant.neighboring_relation
     extra['headline'] = guarantee.of_records(
         c.privacy.records, config.delta, accountant.methods,
