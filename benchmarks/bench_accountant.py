@@ -13,10 +13,14 @@ round, so every round is a distinct event for the accountant. Measured:
      record_to_dp_event so far) at a few small rounds t; its cost is linear in t, so the
      total for reporting after all T rounds, sum_t c * t = c T (T + 1) / 2, is extrapolated
      from the fitted per-event cost c (stated as an extrapolation, not measured);
-  4. optionally (--with_pld) the PLD curve with the default ~20 evaluation points.
+  4. optionally (--with_pld) the PLD curve with the default ~20 evaluation points;
+  5. a PLD report after every round of a fixed-z ledger (`--pld_every=1` in a run, the run's
+     1e-3 grid; z = 0.7, q = 0.1): ours, which keeps the round's PLD once built, against a
+     dp_accounting `PLDAccountant` composing each round as it comes (which builds that PLD at
+     every compose, as ours did before), interleaved round by round, same epsilon checked.
 
   .venv/bin/python benchmarks/bench_accountant.py [--rounds 10000] [--replay_rounds 1500]
-      [--with_pld]
+      [--with_pld] [--pld_report_rounds 50]
 """
 
 import argparse
@@ -80,7 +84,28 @@ def replay_adaptive_ledger(rounds):
 
 
 # `--smoke`: the smallest settings, which the test suite runs (bench_args).
-SMOKE = ['--rounds=50', '--replay_rounds=20']
+SMOKE = ['--rounds=50', '--replay_rounds=20', '--pld_report_rounds=3']
+
+
+def fixed_z_pld_reports(rounds: int, z: float = 0.7, q: float = 0.1) -> None:
+  """Item 5 of the module docstring."""
+  sampling = ledger.SamplingEvent('poisson', 1000, probability=q)
+  ours = accountant.LedgerAccountant(DELTA, ('pld',), pld_value_discretization_interval=1e-3)
+  plain = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-3)
+  event = dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z))
+  t_ours = t_plain = 0.0
+  for t in range(1, rounds + 1):
+    t0 = time.perf_counter()
+    ours.add(ledger.RoundRecord(t, sampling, (ledger.GaussianSumQuery('update', 1.0, z),)))
+    eps_ours = ours.epsilon_pld()
+    t1 = time.perf_counter()
+    eps_plain = plain.compose(event).get_epsilon(DELTA)
+    t_ours, t_plain = t_ours + t1 - t0, t_plain + time.perf_counter() - t1
+    assert eps_ours == eps_plain, (t, eps_ours, eps_plain)
+  print(f'PLD after every round of a fixed-z ledger (z={z}, q={q}, {rounds} rounds): '
+        f'{t_ours / rounds * 1e3:.1f} ms a report against {t_plain / rounds * 1e3:.1f} ms '
+        f'composing each round afresh ({t_plain / t_ours:.1f}x); the same epsilon, '
+        f'{eps_ours:.4f}')
 
 
 def main():
@@ -88,7 +113,9 @@ def main():
   parser.add_argument('--rounds', type=int, default=10000)
   parser.add_argument('--replay_rounds', type=int, default=1500)
   parser.add_argument('--with_pld', action='store_true', help='Also time the PLD curve.')
+  parser.add_argument('--pld_report_rounds', type=int, default=50)
   args = bench_args.parse(parser, SMOKE)
+  fixed_z_pld_reports(args.pld_report_rounds)
   replay_adaptive_ledger(args.replay_rounds)
   records = make_records(args.rounds)
 

@@ -190,7 +190,7 @@ class LedgerAccountant:
     """{method: epsilon} after all rounds added so far, for the requested methods.
 
     With `pld_every` > 1 the 'pld' value is None unless num_records is a multiple of
-    `pld_every` (PLD composition costs ~0.1-1 s per call; RDP is always reported), or
+    `pld_every` (a PLD report costs ~0.02-0.5 s; RDP is always reported), or
     `final` (the last round of a run, whose PLD value is always reported).
     """
     result = {}

@@ -206,7 +206,8 @@ class AccountingConfig(Section):
       None, 'Stop cleanly before the round that would push epsilon above this.',
       check=_POSITIVE, resumable=True)
   pld_every: int = setting(
-      10, 'Report PLD epsilon every N rounds (PLD costs ~0.25 s per report; RDP is reported '
+      10, 'Report PLD epsilon every N rounds (a report costs ~0.02-0.5 s, more at small noise '
+      'and, with adaptive clipping, whose noise multiplier changes every round; RDP is reported '
       'every round). Rerun `python -m tff_dp.accounting` on the ledger for a full PLD curve.',
       check=_at_least(1), resumable=True)
 
